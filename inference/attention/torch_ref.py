@@ -1,0 +1,84 @@
+"""Pure-PyTorch paged attention: the CPU path and the reference for the GPU kernels.
+
+Paged KV cache after Kwon et al., "Efficient Memory Management for Large Language Model
+Serving with PagedAttention", SOSP 2023. Grouped-query heads (Ainslie et al., 2023) are
+handled by SDPA's ``enable_gqa`` without repeating K/V.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metadata import AttentionMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write new keys/values into the cache.
+
+    Args:
+        k, v: ``[T, Hk, D]``.
+        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype.
+        slot_mapping: ``[T]`` int64 flat slot of each token.
+    """
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    kv_cache[0].view(num_slots, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+    kv_cache[1].view(num_slots, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """``cache [num_blocks, bs, Hk, D]``, ``block_table [nb]`` -> contiguous ``[length, Hk, D]``."""
+    return cache[block_table].flatten(0, 1)[:length]
+
+
+def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Single-token attention for ``Bd`` requests at once: ``q [Bd, Hq, D] -> [Bd, Hq, D]``."""
+    tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
+    keys = kv_cache[0][tables].flatten(1, 2)  # [Bd, L, Hk, D]
+    values = kv_cache[1][tables].flatten(1, 2)
+    max_len = keys.shape[1]
+    allowed = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [Bd, L]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :], scale=scale, enable_gqa=True)
+    return out.squeeze(2)
+
+
+def _prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+             context_len: int, block_table: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of ``n`` new tokens over ``context_len`` cached ones plus themselves."""
+    n = q.shape[0]
+    qh = q.transpose(0, 1)
+    if context_len == 0:
+        return F.scaled_dot_product_attention(
+            qh, k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+    total = context_len + n
+    keys = _gather(kv_cache[0], block_table, total).transpose(0, 1)
+    values = _gather(kv_cache[1], block_table, total).transpose(0, 1)
+    q_pos = torch.arange(context_len, total, device=q.device)[:, None]
+    allowed = torch.arange(total, device=q.device)[None, :] <= q_pos  # [n, total]
+    return F.scaled_dot_product_attention(
+        qh, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True).transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Store the step's K/V in the paged cache, then attend.
+
+    Args:
+        q: ``[T, Hq, D]``; k, v: ``[T, Hk, D]`` (rotary already applied), ``Hq % Hk == 0``.
+        kv_cache: ``[2, num_blocks, block_size, Hk, D]``.
+        meta: the step's metadata; every row of the batch is either a decode or in a prefill segment.
+        scale: softmax scale, usually ``D ** -0.5``.
+    Returns:
+        ``[T, Hq, D]``, dtype of ``q``.
+    """
+    store_kv(k, v, kv_cache, meta.slot_mapping)
+    if not meta.prefills:
+        return _decode(q, kv_cache, meta, scale)
+    out = torch.empty_like(q)
+    if meta.num_decodes:
+        out[meta.decode_indices] = _decode(q[meta.decode_indices], kv_cache, meta, scale)
+    for seg in meta.prefills:
+        s, e = seg.start, seg.end
+        out[s:e] = _prefill(q[s:e], k[s:e], v[s:e], kv_cache, seg.context_len, seg.block_table, scale)
+    return out

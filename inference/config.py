@@ -1,0 +1,123 @@
+"""Frozen engine configuration, built once from the user's arguments.
+
+Values discovered at run time (the number of KV blocks) are not patched in here: the
+model runner returns them as a new ``CacheConfig`` (see ``CacheConfig.with_num_blocks``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InvalidRequestError, NotSupportedYetError
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype, checkpoint_dtype: torch.dtype | None, device: str) -> torch.dtype:
+    """Resolve the user's ``dtype`` argument.
+
+    ``"auto"`` takes the checkpoint's dtype on GPU and float32 on CPU (CPU matmuls in
+    half precision are slow and inexact).
+
+    Raises:
+        InvalidRequestError: for an unknown dtype name.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device == "cpu" or checkpoint_dtype is None:
+            return torch.float32
+        return checkpoint_dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise InvalidRequestError(
+            f"dtype must be one of auto, float32, bfloat16, float16; got {dtype!r}.", param="dtype") from None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache settings.
+
+    Attributes:
+        block_size: tokens per KV block.
+        gpu_memory_utilization: fraction of GPU memory the engine may use (weights + activations + KV).
+        kv_cache_space: GiB of KV cache on CPU.
+        num_blocks: blocks in the pool; None until the model runner has sized it.
+        enable_prefix_caching: share full blocks between requests by content hash.
+        swap_space: GiB of pinned CPU memory for swapped-out blocks.
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_space: float = 4.0
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = False
+    swap_space: float = 0.0
+
+    def with_num_blocks(self, num_blocks: int) -> "CacheConfig":
+        return dataclasses.replace(self, num_blocks=num_blocks)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching limits.
+
+    Attributes:
+        max_num_seqs: requests in one step.
+        max_num_batched_tokens: tokens (prefill + decode) in one step.
+        max_model_len: longest prompt + output, in tokens.
+        enable_chunked_prefill: split long prompts over steps and mix them with decodes.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, resolved and validated."""
+
+    model: str
+    tokenizer: str | None
+    model_dir: str  # a Hugging Face style directory (config.json + weights), possibly a converted cache
+    hf_config: object = field(repr=False, compare=False)
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    load_format: str = "auto"
+    seed: int = 0
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    served_model_name: str | None = None
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+
+def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None,
+                            swap_space: float = 0.0, enable_prefix_caching: bool = False) -> None:
+    """Refuse flags whose features are planned but not built, instead of ignoring them.
+
+    Raises:
+        NotSupportedYetError: naming the flag.
+    """
+    if tensor_parallel_size != 1:
+        raise NotSupportedYetError("tensor_parallel_size > 1 is not supported yet.")
+    if quantization:
+        raise NotSupportedYetError(f"quantization={quantization!r} is not supported yet.")
+    if swap_space:
+        raise NotSupportedYetError("swap_space (swap preemption) is not supported yet; preemption recomputes.")
+    if enable_prefix_caching:
+        raise NotSupportedYetError("enable_prefix_caching is not supported yet.")

@@ -1,0 +1,1 @@
+"""Engine core: scheduler, output processing and the step loop (plain logic, no I/O)."""

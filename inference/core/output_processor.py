@@ -1,0 +1,84 @@
+"""Turns sampled token ids into text deltas and finish decisions (stop tokens, stop strings, limits)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..detokenizer import IncrementalDetokenizer
+from ..outputs import CompletionOutput, Logprob
+from ..request import Request, RequestStatus
+
+
+class SequenceOutputState:
+    """Per-sequence detokenizer and the output accumulated since the last ``step()`` returned."""
+
+    def __init__(self, request: Request, tokenizer) -> None:
+        params = request.sampling_params
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens, stop=list(params.stop),
+            include_stop_str_in_output=params.include_stop_str_in_output)
+        self.pending = CompletionOutput(index=request.index)
+        self.cumulative_logprob = 0.0 if params.logprobs is not None else None
+
+    def take_delta(self) -> CompletionOutput:
+        delta, self.pending = self.pending, CompletionOutput(index=self.pending.index)
+        delta.cumulative_logprob = self.cumulative_logprob
+        return delta
+
+
+def check_stop_token(request: Request, token_id: int) -> RequestStatus | None:
+    """The finish status implied by the newly appended ``token_id``, if any (before stop strings)."""
+    params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        if token_id in params.stop_token_ids:
+            request.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if not params.ignore_eos and token_id in params.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= request.max_tokens:
+        return RequestStatus.FINISHED_LENGTH
+    return None
+
+
+def logprobs_entry(tokenizer, ids: torch.Tensor, values: torch.Tensor, sampled_rank: int) -> dict[int, Logprob]:
+    """``{token_id: Logprob}`` for one position; ``ids[0]`` is the chosen token (rank ``sampled_rank``)."""
+    entry: dict[int, Logprob] = {}
+    id_list, value_list = ids.tolist(), values.tolist()
+    for position, (token_id, value) in enumerate(zip(id_list, value_list)):
+        if token_id in entry:
+            continue
+        rank = sampled_rank if position == 0 else position
+        entry[token_id] = Logprob(value, rank, tokenizer.decode([token_id]))
+    return entry
+
+
+def process_sampled_token(request: Request, state: SequenceOutputState, token_id: int,
+                          logprobs, tokenizer) -> RequestStatus | None:
+    """Append one sampled token and update the pending delta.
+
+    Returns:
+        The finish status if the request finished with this token, else None.
+    """
+    if request.first_token_time is None:
+        request.first_token_time = time.monotonic()
+    request.append_output_token(token_id)
+    status = check_stop_token(request, token_id)
+    delta_text, stop_str = state.detokenizer.update([token_id], finished=status is not None)
+    if stop_str is not None:
+        status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = stop_str
+    pending = state.pending
+    pending.text += delta_text
+    pending.token_ids.append(token_id)
+    if logprobs is not None:
+        ids, values, rank = logprobs
+        if pending.logprobs is None:
+            pending.logprobs = []
+        pending.logprobs.append(logprobs_entry(tokenizer, ids, values, rank))
+        state.cumulative_logprob += float(values[0])
+    if status is not None:
+        pending.finish_reason = status.value
+        pending.stop_reason = request.stop_reason
+    return status

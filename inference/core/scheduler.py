@@ -1,0 +1,121 @@
+"""Iteration-level (continuous batching) scheduler with chunked prefill and recompute preemption.
+
+Each step fills a token budget (``max_num_batched_tokens``) with running requests first
+(decodes and unfinished prefill chunks), then waiting ones in arrival order, up to
+``max_num_seqs`` requests (Yu et al., "Orca", OSDI 2022; chunked prefill after
+Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the most recently
+admitted running request is preempted: its blocks are freed and it restarts from its
+prompt plus the tokens it has generated (recompute).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from ..config import SchedulerConfig
+from ..kv_cache import KVCacheManager
+from ..request import Request, RequestStatus
+from .scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+class Scheduler:
+    """Decides which requests run in each step and how many tokens each computes."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions_total = 0
+
+    # ---- admission and removal -------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Mark a request finished, take it out of the queues and free its blocks."""
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- one step -------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Build the batch for one step (see module docstring)."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted_ids:
+            self._schedule_waiting(out, budget)
+        now = time.monotonic()
+        for item in out.scheduled:
+            if item.request.first_scheduled_time is None:
+                item.request.first_scheduled_time = now
+        return out
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        num_new = request.num_tokens - request.num_computed_tokens
+        if self.config.enable_chunked_prefill:
+            return min(num_new, budget)
+        return num_new if num_new <= budget else 0
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = self._num_new_tokens(request, budget)
+            if num_new == 0:
+                index += 1
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(self._scheduled(request, num_new))
+                budget -= num_new
+                index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_new = self._num_new_tokens(request, budget)
+            if num_new == 0 or not self.kv.allocate_slots(request, num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+
+    @staticmethod
+    def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
+        samples = request.num_computed_tokens + num_new == request.num_tokens
+        return ScheduledRequest(request, num_new, samples)
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: drop the request's KV and requeue it at the front."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(request)
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance ``num_computed_tokens`` of every request that ran in the step."""
+        for item in out.scheduled:
+            item.request.num_computed_tokens += item.num_scheduled_tokens

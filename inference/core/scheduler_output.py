@@ -1,0 +1,56 @@
+"""Typed seams between the scheduler and the model runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    Attributes:
+        request: the request (its ``num_computed_tokens`` is the count *before* this step).
+        num_scheduled_tokens: tokens computed in this step (1 for a decode).
+        samples: whether this step reaches the end of the known tokens, so a token is sampled.
+    """
+
+    request: Request
+    num_scheduled_tokens: int
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step computes: requests in batch order, and ids preempted during scheduling."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the model runner returns for one step.
+
+    Attributes:
+        sampled_token_ids: one token id per sampling request, in batch order of the sampling requests.
+        logprobs: per sampling request, ``(token_ids [k+1] int64, logprobs [k+1] float32, rank of sampled)``
+            with the sampled token first, or None when not requested.
+        prompt_logprobs: request_id -> ``(token_ids [T, k+1], logprobs [T, k+1], ranks [T])`` for the
+            prompt positions computed in this step (position i scores prompt token i+1).
+    """
+
+    sampled_token_ids: list[int]
+    logprobs: list[tuple[torch.Tensor, torch.Tensor, int] | None]
+    prompt_logprobs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)

@@ -1,0 +1,5 @@
+"""The engine: arguments, the step loop, and the stats it reports."""
+from .arg_utils import EngineArgs
+from .llm_engine import EngineStats, LLMEngine
+
+__all__ = ["EngineArgs", "EngineStats", "LLMEngine"]

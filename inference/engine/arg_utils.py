@@ -1,0 +1,113 @@
+"""User-facing engine arguments (vLLM's names) and their resolution into an ``EngineConfig``."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
+from ..errors import InvalidRequestError
+from ..model_loader import check_architecture, load_hf_config, resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Arguments of ``LLM(...)`` / ``LLMEngine.from_engine_args`` / ``manage.py serve``.
+
+    Lengths are in tokens, memory in GiB or fractions. ``max_model_len=None`` takes the model's
+    ``max_position_embeddings``; ``max_num_batched_tokens=None`` takes 2048 with chunked prefill,
+    else ``max(max_model_len, 2048)``. ``num_kv_blocks`` overrides the profiled KV pool size
+    (vLLM's ``num_gpu_blocks_override``).
+    """
+
+    model: str = "smollm2-135m-instruct"
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_space: float = 4.0
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = False
+    swap_space: float = 0.0
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    enforce_eager: bool = False
+    served_model_name: str | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineArgs":
+        """Build from keyword arguments, rejecting unknown names.
+
+        Raises:
+            InvalidRequestError: an unknown argument (naming it).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidRequestError(f"Unknown engine argument(s): {', '.join(unknown)}.", param=unknown[0])
+        return cls(**kwargs)
+
+    def _check_ranges(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise InvalidRequestError(f"block_size must be a power of two up to 128, got {self.block_size}.",
+                                      param="block_size")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got "
+                                      f"{self.gpu_memory_utilization}.", param="gpu_memory_utilization")
+        if self.max_num_seqs < 1:
+            raise InvalidRequestError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.",
+                                      param="max_num_seqs")
+        if self.load_format not in ("auto", "dummy"):
+            raise InvalidRequestError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.",
+                                      param="load_format")
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve the model, its config and all limits.
+
+        Raises:
+            ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
+        """
+        self._check_ranges()
+        check_not_supported_yet(self.tensor_parallel_size, self.quantization, self.swap_space,
+                                self.enable_prefix_caching)
+        resolved = resolve_model(self.model, self.tokenizer)
+        hf_config = load_hf_config(resolved.model_dir)
+        check_architecture(hf_config)
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(checkpoint_dtype, str):
+            checkpoint_dtype = getattr(torch, checkpoint_dtype, None)
+        dtype = parse_dtype(self.dtype, checkpoint_dtype, device)
+        model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
+        max_model_len = self.max_model_len or model_max
+        if max_model_len > model_max:
+            raise InvalidRequestError(f"max_model_len={max_model_len} exceeds the model's "
+                                      f"max_position_embeddings={model_max}.", param="max_model_len")
+        batched = self.max_num_batched_tokens or (2048 if self.enable_chunked_prefill else max(max_model_len, 2048))
+        if not self.enable_chunked_prefill and batched < max_model_len:
+            raise InvalidRequestError(
+                f"max_num_batched_tokens={batched} is smaller than max_model_len={max_model_len}; "
+                "enable chunked prefill or raise max_num_batched_tokens.", param="max_num_batched_tokens")
+        return EngineConfig(
+            model=self.model, tokenizer=str(resolved.tokenizer_dir), model_dir=str(resolved.model_dir),
+            hf_config=hf_config, dtype=dtype, device=device, load_format=self.load_format, seed=self.seed,
+            enforce_eager=self.enforce_eager, tensor_parallel_size=self.tensor_parallel_size,
+            quantization=self.quantization, served_model_name=self.served_model_name or self.model,
+            cache=CacheConfig(block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+                              kv_cache_space=self.kv_cache_space, enable_prefix_caching=self.enable_prefix_caching,
+                              swap_space=self.swap_space),
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched,
+                                      max_model_len=max_model_len,
+                                      enable_chunked_prefill=self.enable_chunked_prefill),
+        )

@@ -1,0 +1,220 @@
+"""``LLMEngine``: add requests, call ``step()`` repeatedly, collect output deltas.
+
+Each ``step()`` is schedule -> execute -> update (vLLM v1's engine core shape); the engine
+does no I/O, so it can be driven by the offline ``LLM`` or by a serving worker's loop.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..config import EngineConfig
+from ..core.output_processor import SequenceOutputState, logprobs_entry, process_sampled_token
+from ..core.scheduler import Scheduler
+from ..errors import InvalidRequestError
+from ..kv_cache import KVCacheManager
+from ..model_loader import load_tokenizer
+from ..outputs import CompletionOutput, RequestOutput
+from ..request import Request, RequestStatus
+from ..runner import ModelRunner
+from ..sampling_params import SamplingParams
+from ..validation import validate_prompt
+from .arg_utils import EngineArgs
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load (counts of requests, blocks and tokens)."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    kv_cache_usage: float
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+@dataclass
+class _ParentRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    states: dict[str, SequenceOutputState]
+    prompt_logprobs: list | None = None
+    prompt_logprobs_sent: bool = False
+    finished_children: set[str] = field(default_factory=set)
+
+
+def _eos_token_ids(tokenizer, hf_config) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(hf_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))
+
+
+class LLMEngine:
+    """The inference engine: continuous batching over a paged KV cache.
+
+    Args:
+        config: the resolved engine configuration.
+        num_kv_blocks: override of the KV pool size (tests force preemption with a few blocks).
+    """
+
+    def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.runner = ModelRunner(config, num_kv_blocks)
+        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
+        self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
+        self._parents: dict[str, _ParentRequest] = {}
+        self._aborted_outputs: list[RequestOutput] = []
+        self._counter = itertools.count()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        return cls(args.create_engine_config(), args.num_kv_blocks)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    # ---- requests --------------------------------------------------------------------
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None, priority: int = 0) -> str:
+        """Queue a request; returns its id (generated when ``request_id`` is None).
+
+        Args:
+            prompt: text (tokenized with the model's tokenizer, special tokens added) or token ids.
+        Raises:
+            InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
+        """
+        request_id = request_id if request_id is not None else str(next(self._counter))
+        if request_id in self._parents:
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, [int(t) for t in prompt]
+        max_tokens = validate_prompt(token_ids, params, self.max_model_len, self.runner.vocab_size)
+        params = params.clone(eos_token_ids=self.eos_token_ids)
+        children = []
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
+            children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
+                                    arrival_time, priority))
+        states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
+        self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
+        for child in children:
+            self.scheduler.add_request(child)
+        return request_id
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort requests at once: their blocks return to the pool, and the next ``step()``
+        reports them with ``finish_reason="abort"``. Unknown or finished ids are ignored."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
+            parent = self._parents.pop(request_id, None)
+            if parent is None:
+                continue
+            outputs = []
+            for child in parent.children:
+                if not child.is_finished:
+                    self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+                    delta = parent.states[child.request_id].take_delta()
+                    delta.finish_reason = "abort"
+                    outputs.append(delta)
+            self._aborted_outputs.append(self._request_output(parent, outputs, finished=True))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents) or bool(self._aborted_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    # ---- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the model, process the sampled tokens.
+
+        Returns:
+            Deltas for every request that progressed (new text and token ids since the previous
+            step; ``finished`` set on the last one), aborted ones included.
+        """
+        outputs, self._aborted_outputs = self._aborted_outputs, []
+        sched_out = self.scheduler.schedule()
+        if sched_out.is_empty:
+            if self.scheduler.num_unfinished and not self.scheduler.running:
+                raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
+            return outputs
+        runner_out = self.runner.execute(sched_out)
+        self.scheduler.update_after_step(sched_out)
+        touched: dict[str, _ParentRequest] = {}
+        sampled = iter(zip(runner_out.sampled_token_ids, runner_out.logprobs))
+        for item in sched_out.scheduled:
+            req = item.request
+            parent = self._parents[req.parent_id]
+            if req.request_id in runner_out.prompt_logprobs:
+                self._record_prompt_logprobs(parent, req, item, runner_out.prompt_logprobs[req.request_id])
+            if req.num_output_tokens == 0 and req.num_computed_tokens - item.num_scheduled_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens
+            if not item.samples:
+                continue
+            token_id, logprobs = next(sampled)
+            self.generation_tokens_total += 1
+            status = process_sampled_token(req, parent.states[req.request_id], token_id, logprobs, self.tokenizer)
+            if status is None and req.num_tokens >= self.max_model_len:
+                status = RequestStatus.FINISHED_LENGTH
+                parent.states[req.request_id].pending.finish_reason = status.value
+            if status is not None:
+                self.scheduler.finish_request(req, status)
+                parent.finished_children.add(req.request_id)
+            touched[parent.request_id] = parent
+        for parent in touched.values():
+            outputs.append(self._collect(parent))
+        return outputs
+
+    def _record_prompt_logprobs(self, parent, req, item, data) -> None:
+        if req.index != 0:
+            return
+        if parent.prompt_logprobs is None:
+            parent.prompt_logprobs = [None]
+        ids, values, ranks = data
+        for row in range(ids.shape[0]):
+            parent.prompt_logprobs.append(logprobs_entry(self.tokenizer, ids[row], values[row], int(ranks[row])))
+
+    def _collect(self, parent: _ParentRequest) -> RequestOutput:
+        deltas = [parent.states[c.request_id].take_delta() for c in parent.children
+                  if parent.states[c.request_id].pending.token_ids or parent.states[c.request_id].pending.finish_reason]
+        finished = len(parent.finished_children) == len(parent.children)
+        if finished:
+            del self._parents[parent.request_id]
+        return self._request_output(parent, deltas, finished)
+
+    def _request_output(self, parent: _ParentRequest, deltas: list[CompletionOutput], finished: bool) -> RequestOutput:
+        first = parent.children[0]
+        metrics = {"arrival": first.arrival_time}
+        for key, value in (("first_scheduled", first.first_scheduled_time), ("first_token", first.first_token_time)):
+            if value is not None:
+                metrics[key] = value
+        if finished:
+            metrics["finished"] = time.monotonic()
+        prompt_logprobs = None
+        if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent and (
+                len(parent.prompt_logprobs) == len(parent.prompt_token_ids) or finished):
+            prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, deltas, finished,
+                             prompt_logprobs=prompt_logprobs, metrics=metrics)
+
+    def get_stats(self) -> EngineStats:
+        kv = self.kv_cache_manager
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), kv.num_free_blocks,
+                           kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
+                           self.prompt_tokens_total, self.generation_tokens_total)

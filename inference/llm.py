@@ -1,0 +1,137 @@
+"""The offline API: ``LLM(model=...).generate(prompts, sampling_params)``, as in vLLM."""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from .engine import EngineArgs, LLMEngine
+from .errors import InvalidRequestError
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class LLM:
+    """An engine for offline batch inference.
+
+    Takes the keyword arguments of :class:`EngineArgs` (vLLM's names), e.g.
+    ``LLM(model="smollm2-135m-instruct", max_model_len=8192, max_num_seqs=16)``.
+
+    Raises:
+        ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
+    """
+
+    def __init__(self, model: str = "smollm2-135m-instruct", **kwargs) -> None:
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model=model, **kwargs))
+        self._next_id = 0
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, *, prompt_token_ids: Sequence[Sequence[int]] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate completions for all prompts, batched continuously; returns outputs in prompt order.
+
+        Args:
+            prompts: one text or a list of texts (or use ``prompt_token_ids``).
+            sampling_params: one for all prompts or one per prompt (default ``SamplingParams()``).
+            use_tqdm: show a progress bar when there is more than one prompt.
+        Raises:
+            InvalidRequestError: a bad prompt or parameter; nothing from this call stays queued.
+        """
+        if prompt_token_ids is not None:
+            inputs: list = [list(p) for p in prompt_token_ids]
+        elif isinstance(prompts, str):
+            inputs = [prompts]
+        else:
+            inputs = list(prompts or [])
+        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+            params_list = [sampling_params or SamplingParams()] * len(inputs)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(inputs):
+                raise InvalidRequestError("sampling_params must be one object or one per prompt.",
+                                          param="sampling_params")
+        ids = self._add_all(inputs, params_list)
+        return self._run(ids, use_tqdm and len(ids) > 1)
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}``) or a list of them,
+        formatted with the model's chat template (or ``chat_template``).
+
+        Raises:
+            InvalidRequestError: the tokenizer has no chat template and none was given (param ``chat_template``).
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequestError("The tokenizer has no chat template; pass chat_template=...",
+                                      param="chat_template")
+        prompts = [tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 chat_template=chat_template) for conv in conversations]
+        token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        ids = self._add_all(token_ids, [sampling_params or SamplingParams()] * len(token_ids), texts=prompts)
+        return self._run(ids, use_tqdm and len(ids) > 1)
+
+    def _add_all(self, inputs: list, params_list: list[SamplingParams], texts: list[str] | None = None) -> list[str]:
+        engine = self.llm_engine
+        ids: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(inputs, params_list)):
+                request_id = str(self._next_id)
+                self._next_id += 1
+                engine.add_request(request_id, prompt, params)
+                if texts is not None:
+                    engine._parents[request_id].prompt = texts[i]
+                ids.append(request_id)
+        except Exception:
+            engine.abort_request(ids)
+            engine.step()  # drain the abort outputs
+            raise
+        return ids
+
+    def _run(self, ids: list[str], show_progress: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not show_progress)
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                merged = results.get(delta.request_id)
+                if merged is None:
+                    merged = results[delta.request_id] = copy.copy(delta)
+                    merged.outputs = []
+                _merge(merged, delta)
+                if delta.finished:
+                    bar.update(1)
+        bar.close()
+        for out in results.values():
+            out.outputs.sort(key=lambda o: o.index)
+        return [results[i] for i in ids]
+
+
+def _merge(merged: RequestOutput, delta: RequestOutput) -> None:
+    by_index = {o.index: o for o in merged.outputs}
+    for part in delta.outputs:
+        target = by_index.get(part.index)
+        if target is None:
+            target = CompletionOutput(index=part.index)
+            merged.outputs.append(target)
+            by_index[part.index] = target
+        target.text += part.text
+        target.token_ids.extend(part.token_ids)
+        if part.logprobs is not None:
+            target.logprobs = (target.logprobs or []) + part.logprobs
+        target.cumulative_logprob = part.cumulative_logprob
+        if part.finish_reason is not None:
+            target.finish_reason, target.stop_reason = part.finish_reason, part.stop_reason
+    if delta.prompt_logprobs is not None:
+        merged.prompt_logprobs = delta.prompt_logprobs
+    merged.finished = delta.finished
+    merged.metrics = delta.metrics

@@ -1,0 +1,117 @@
+"""Building blocks shared by the decoder models: RMSNorm, rotary embedding, gated MLP activation."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich, 2019), computed in float32.
+
+    ``forward(x [T, H]) -> [T, H]``; with ``residual`` given, adds it first and returns
+    ``(normed, new_residual)`` (the pre-norm residual stream of Llama-style blocks).
+    """
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation (Shazeer, 2020): ``[T, 2I] -> [T, I]``, ``silu(gate) * up``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return nn.functional.silu(gate) * up
+
+
+def _rope_parameters(config) -> dict:
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    scaling = getattr(config, "rope_scaling", None) or {}
+    for key, value in scaling.items():
+        params.setdefault(key, value)
+    if "rope_theta" not in params:
+        params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_inv_freq(config, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim // 2]`` float32 of rotary embedding (Su et al., RoFormer, 2021).
+
+    Supports the ``default``, ``linear`` and ``llama3`` rope types (Llama 3.1's frequency-dependent
+    scaling, from Meta's reference implementation).
+
+    Raises:
+        ModelLoadError: for another rope type.
+    """
+    params = _rope_parameters(config)
+    base = float(params["rope_theta"])
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (base ** exponents)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old_len = float(params["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ModelLoadError(f"rope type {rope_type!r} is not supported (supported: default, linear, llama3).")
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary position embedding (rotate-half / GPT-NeoX layout, as in HF Llama).
+
+    ``forward(positions [T] int64, q [T, Hq, D], k [T, Hk, D]) -> (q, k)`` rotated, same dtype.
+    The cos/sin table ``[max_position, D]`` is built once in float32.
+    """
+
+    def __init__(self, config, head_dim: int, max_position: int) -> None:
+        super().__init__()
+        self.inv_freq = rope_inv_freq(config, head_dim).to("cpu")
+        self.max_position = max_position
+        self.register_buffer("cos", torch.empty(max_position, head_dim, dtype=torch.float32), persistent=False)
+        self.register_buffer("sin", torch.empty(max_position, head_dim, dtype=torch.float32), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """(Re)compute the cos/sin table on the module's device (after construction on ``meta``)."""
+        freqs = torch.arange(self.max_position, dtype=torch.float32, device="cpu")[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(self.cos.device)
+        self.sin = emb.sin().to(self.sin.device)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        q = q * cos + self._rotate_half(q) * sin
+        k = k * cos + self._rotate_half(k) * sin
+        return q, k

@@ -1,0 +1,182 @@
+"""The Llama family of decoder-only transformers: Llama 2/3, Mistral, Qwen2/2.5 and Qwen3.
+
+One implementation with per-architecture switches read from the Hugging Face config:
+Qwen2 adds a bias to the Q/K/V projections, Qwen3 normalises each query and key head
+(RMSNorm over ``head_dim``) before rotary embedding, Llama 3 scales RoPE frequencies.
+Q/K/V and gate/up projections are fused into one matmul each; each layer knows how to
+load the separate Hugging Face tensors into its fused weight.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import AttentionMetadata, paged_attention
+from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+
+class FusedLinear(nn.Linear):
+    """A linear layer whose output rows are the concatenation of several HF projections.
+
+    ``shard_sizes`` maps each HF projection name (``"q_proj"``) to its number of output rows.
+    """
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in shard_sizes.items():
+            self.offsets[name] = (start, start + size)
+            start += size
+
+    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
+        start, end = self.offsets[shard]
+        target = getattr(self, param_name)
+        if tensor.shape[0] != end - start or tensor.shape[1:] != target.shape[1:]:
+            raise ValueError(f"{shard}.{param_name}: expected rows {end - start}, got {tuple(tensor.shape)}")
+        with torch.no_grad():
+            target[start:end].copy_(tensor)
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config, arch: str, max_position: int) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False)) or arch == "Qwen2ForCausalLM"
+        self.qkv_proj = FusedLinear(hidden, {"q_proj": self.q_size, "k_proj": self.kv_size,
+                                             "v_proj": self.kv_size}, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=bool(getattr(config, "attention_bias", False))
+                                and arch != "Qwen2ForCausalLM")
+        self.qk_norm = arch == "Qwen3ForCausalLM"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config, self.head_dim, max_position)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": inter, "up_proj": inter}, bias=bias)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, arch: str, max_position: int) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(config, arch, max_position)
+        self.mlp = GatedMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual, kv_cache, meta):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config, arch: str, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, arch, max_position)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+class LlamaFamilyForCausalLM(nn.Module):
+    """Causal LM over a flattened batch with a paged KV cache.
+
+    ``forward(input_ids [T] int64, positions [T] int64, kv_caches, meta) -> hidden [T, H]``;
+    ``compute_logits(hidden [N, H]) -> [N, vocab] float32``.
+    """
+
+    def __init__(self, config, arch: str, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, arch, max_position)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        hidden, _ = self.model.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(hidden, self.lm_head_weight.t()).float()
+
+    def load_weights(self, weights) -> set[str]:
+        """Copy Hugging Face named tensors into this model (fusing Q/K/V and gate/up).
+
+        Args:
+            weights: iterable of ``(hf_name, tensor)``.
+        Returns:
+            The set of this model's parameter names that were loaded.
+        Raises:
+            ValueError: a tensor of the wrong shape.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.tie_word_embeddings):
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in _FUSED:
+                shard = parts[-2]
+                module_name = ".".join(parts[:-2] + [_FUSED[shard]])
+                module = self.get_submodule(module_name)
+                module.load_shard(shard, parts[-1], tensor)
+                loaded.add(f"{module_name}.{parts[-1]}")
+                continue
+            if name not in params:
+                continue
+            param = params[name]
+            if param.shape != tensor.shape:
+                raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        return loaded

@@ -1,0 +1,75 @@
+"""Architecture name -> model class, and model construction on the target device and dtype."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError, UnsupportedArchitectureError
+from .llama import LlamaFamilyForCausalLM
+
+SUPPORTED_ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaFamilyForCausalLM,
+    "MistralForCausalLM": LlamaFamilyForCausalLM,
+    "Qwen2ForCausalLM": LlamaFamilyForCausalLM,
+    "Qwen3ForCausalLM": LlamaFamilyForCausalLM,
+}
+
+
+def architecture_of(hf_config) -> str:
+    """The supported architecture named by ``hf_config.architectures``.
+
+    Raises:
+        UnsupportedArchitectureError: listing the supported architectures.
+    """
+    names = list(getattr(hf_config, "architectures", None) or [])
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    raise UnsupportedArchitectureError(
+        f"Model architecture {names or getattr(hf_config, 'model_type', '?')} is not supported. "
+        f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}.")
+
+
+def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None) -> nn.Module:
+    """Construct the model directly on ``device`` in ``dtype`` and load its weights.
+
+    Args:
+        weights: iterable of ``(hf_name, tensor)``; None initialises random weights
+            (``load_format="dummy"``: normal(0, 0.02), norms at 1).
+    Raises:
+        UnsupportedArchitectureError, ModelLoadError: missing or mis-shaped tensors.
+    """
+    arch = architecture_of(hf_config)
+    cls = SUPPORTED_ARCHITECTURES[arch]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):  # no memory, no random init: every tensor is written below
+            model = cls(hf_config, arch, max_position)
+    finally:
+        torch.set_default_dtype(previous)
+    model.to_empty(device=device)
+    for module in model.modules():
+        if hasattr(module, "reset_buffers"):
+            module.reset_buffers()
+    if weights is None:
+        _init_dummy(model)
+    else:
+        try:
+            loaded = model.load_weights(weights)
+        except ValueError as exc:
+            raise ModelLoadError(f"Weights do not match the model's config: {exc}") from exc
+        missing = sorted(set(dict(model.named_parameters())) - loaded)
+        if missing:
+            raise ModelLoadError(f"Weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    return model.eval()
+
+
+@torch.no_grad()
+def _init_dummy(model: nn.Module) -> None:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator).mul_(0.02).to(param.dtype))

@@ -1,0 +1,96 @@
+"""The engine's per-sequence state.
+
+A user request with ``n`` samples becomes ``n`` engine ``Request`` objects (one per
+sample) that share the parent's id; each owns its own block table.
+"""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+class Request:
+    """One sequence being generated.
+
+    Attributes:
+        request_id: unique engine id (``parent_id`` for n=1, ``f"{parent_id}#{index}"`` otherwise).
+        parent_id: the caller's request id.
+        index: sample index within the parent (0..n-1).
+        prompt_token_ids: list[int] of prompt tokens.
+        output_token_ids: list[int] of generated tokens.
+        num_computed_tokens: tokens whose K/V are in the cache (tokens).
+        block_ids: the block table, list of physical block ids.
+        max_tokens: effective output limit (tokens).
+        generator: per-request ``torch.Generator`` when ``sampling_params.seed`` is set.
+    """
+
+    def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, max_tokens: int, arrival_time: float | None = None,
+                 priority: int = 0) -> None:
+        self.request_id = request_id
+        self.parent_id = parent_id
+        self.index = index
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.generator: torch.Generator | None = None
+        if sampling_params.seed is not None:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(sampling_params.seed * 1000003 + index)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

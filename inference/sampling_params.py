@@ -1,0 +1,121 @@
+"""Sampling parameters of one request, with the same names and meanings as vLLM's."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the output tokens of one request.
+
+    Args:
+        n: number of independent samples (>= 1).
+        temperature: softmax temperature (>= 0); 0 means greedy.
+        top_p: nucleus probability mass, in (0, 1].
+        top_k: keep the k most likely tokens; -1 (or 0) keeps all.
+        min_p: drop tokens whose probability is below ``min_p`` times the top one, in [0, 1].
+        presence_penalty, frequency_penalty: OpenAI's additive penalties, in [-2, 2],
+            over the tokens generated so far.
+        repetition_penalty: CTRL's multiplicative penalty (> 0) over prompt and output tokens
+            (Keskar et al., 2019).
+        seed: per-request seed; the same seed gives the same output alone or in a batch.
+        logit_bias: token id -> bias added to its logit, each in [-100, 100].
+        stop: strings that end the output; never included unless ``include_stop_str_in_output``.
+        stop_token_ids: token ids that end the output (kept in ``token_ids``).
+        ignore_eos: keep going past the end-of-sequence token.
+        min_tokens: no EOS or stop token before this many output tokens.
+        max_tokens: maximum number of output tokens (>= 1); ``None`` fills the context.
+        logprobs: number of top log-probabilities to return per output token (0..20);
+            the sampled token's own is always included.
+        prompt_logprobs: the same for prompt tokens (0..20).
+        skip_special_tokens: drop special tokens from the text.
+
+    Raises:
+        InvalidRequestError: from :meth:`verify`, naming the parameter and its limit.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: dict[int, float] | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Filled by the engine, not the user.
+    eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self.verify()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def verify(self) -> None:
+        """Check every field against its limit.
+
+        Raises:
+            InvalidRequestError: naming the first parameter outside its range.
+        """
+        def bad(param: str, limit: str, value: object) -> None:
+            raise InvalidRequestError(f"{param} must be {limit}, got {value!r}.", param=param)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            bad("n", "at least 1", self.n)
+        if self.temperature < 0:
+            bad("temperature", "non-negative", self.temperature)
+        if not 0 < self.top_p <= 1:
+            bad("top_p", "in (0, 1]", self.top_p)
+        if self.top_k < -1:
+            bad("top_k", "-1 (disabled) or at least 1", self.top_k)
+        if not 0 <= self.min_p <= 1:
+            bad("min_p", "in [0, 1]", self.min_p)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                bad(name, "in [-2, 2]", getattr(self, name))
+        if self.repetition_penalty <= 0:
+            bad("repetition_penalty", "greater than 0", self.repetition_penalty)
+        if self.max_tokens is not None and self.max_tokens < 1:
+            bad("max_tokens", "at least 1", self.max_tokens)
+        if self.min_tokens < 0:
+            bad("min_tokens", "at least 0", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"at most max_tokens={self.max_tokens}", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                bad(name, f"between 0 and {MAX_LOGPROBS}", value)
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not -100 <= bias <= 100:
+                bad("logit_bias", "in [-100, 100] for every token", {token_id: bias})
+        if any(not s for s in self.stop):
+            bad("stop", "non-empty strings", self.stop)
+
+    def clone(self, **changes: object) -> "SamplingParams":
+        """A copy with some fields changed (validated again)."""
+        values = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        values.update(changes)
+        return SamplingParams(**values)

@@ -1,0 +1,39 @@
+"""Request checks shared by the engine and the API layer (which checks before enqueueing)."""
+from __future__ import annotations
+
+from .errors import InvalidRequestError
+from .sampling_params import SamplingParams
+
+
+def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int,
+                    vocab_size: int | None = None) -> int:
+    """Check a tokenized prompt against the context limit and return its ``max_tokens``.
+
+    When ``params.max_tokens`` is None the request may fill the context:
+    ``max_model_len - len(prompt_token_ids)`` tokens.
+
+    Returns:
+        The effective max_tokens (int, tokens).
+    Raises:
+        InvalidRequestError: empty prompt (param ``prompt``), a token id outside the
+            vocabulary (``prompt``), or prompt + max_tokens over ``max_model_len``
+            (``max_tokens``, naming both numbers).
+    """
+    num_prompt = len(prompt_token_ids)
+    if num_prompt == 0:
+        raise InvalidRequestError("The prompt is empty; it must contain at least one token.", param="prompt")
+    if vocab_size is not None and any(t < 0 or t >= vocab_size for t in prompt_token_ids):
+        raise InvalidRequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
+    if num_prompt >= max_model_len:
+        raise InvalidRequestError(
+            f"The prompt has {num_prompt} tokens, but this model's maximum context length is "
+            f"{max_model_len} tokens (max_model_len), which must also leave room for at least 1 output token.",
+            param="prompt")
+    if params.max_tokens is None:
+        return max_model_len - num_prompt
+    if num_prompt + params.max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt + params.max_tokens} tokens ({num_prompt} in the prompt, {params.max_tokens} "
+            f"for the completion, max_tokens). Reduce the prompt or max_tokens.", param="max_tokens")
+    return params.max_tokens

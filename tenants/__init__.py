@@ -1,0 +1,1 @@
+"""Tenants: who a request is served for (selected by the ``X-Tenant-ID`` header)."""

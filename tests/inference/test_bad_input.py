@@ -1,0 +1,116 @@
+"""Bad input gets a typed error naming the parameter and limit; the engine goes on serving others."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from inference import LLM, InvalidRequestError, ModelLoadError, SamplingParams, UnsupportedArchitectureError
+from inference.engine import EngineArgs, LLMEngine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return LLMEngine.from_engine_args(EngineArgs(max_model_len=128, kv_cache_space=0.2))
+
+
+@pytest.mark.parametrize("make, param, limit", [
+    (lambda: SamplingParams(max_tokens=0), "max_tokens", "at least 1"),
+    (lambda: SamplingParams(temperature=-0.1), "temperature", "non-negative"),
+    (lambda: SamplingParams(top_p=0.0), "top_p", "(0, 1]"),
+    (lambda: SamplingParams(top_p=1.5), "top_p", "(0, 1]"),
+    (lambda: SamplingParams(n=0), "n", "at least 1"),
+    (lambda: SamplingParams(logprobs=21), "logprobs", "20"),
+    (lambda: SamplingParams(prompt_logprobs=50), "prompt_logprobs", "20"),
+])
+def test_bad_sampling_params(make, param, limit):
+    with pytest.raises(InvalidRequestError) as info:
+        make()
+    assert info.value.param == param
+    assert param in str(info.value) and limit in str(info.value)
+
+
+def _finish_all(engine) -> dict[str, str]:
+    texts: dict[str, str] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[out.request_id] = texts.get(out.request_id, "") + "".join(o.text for o in out.outputs)
+    return texts
+
+
+@pytest.mark.timeout(120)
+def test_bad_prompts_do_not_disturb_others(engine):
+    good = SamplingParams(temperature=0, max_tokens=8)
+    engine.add_request("good-1", "Hello, my name is", good)
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request("empty", [], good)
+    assert info.value.param == "prompt"
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request("too-long", [1] * 100, SamplingParams(max_tokens=64))
+    assert info.value.param == "max_tokens" and "128" in str(info.value) and "164" in str(info.value)
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request("huge-prompt", [1] * 500, good)
+    assert info.value.param == "prompt" and "500" in str(info.value)
+    engine.step()
+    engine.add_request("good-2", "The sky is", good)
+    texts = _finish_all(engine)
+    assert set(texts) == {"good-1", "good-2"} and all(texts.values())
+    kv = engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+@pytest.mark.timeout(120)
+def test_abort_returns_blocks(engine):
+    engine.add_request("a", "Tell me a long story about dragons.", SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.add_request("b", "Count to ten:", SamplingParams(temperature=0, max_tokens=5))
+    for _ in range(3):
+        engine.step()
+    assert engine.kv_cache_manager.num_free_blocks < engine.kv_cache_manager.num_blocks
+    engine.abort_request("a")
+    outs = []
+    while engine.has_unfinished_requests():
+        outs.extend(engine.step())
+    aborted = [o for o in outs if o.request_id == "a"]
+    assert aborted and aborted[-1].finished and aborted[-1].outputs[0].finish_reason == "abort"
+    assert any(o.request_id == "b" and o.finished for o in outs)
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelLoadError) as info:
+        LLM(model="no-such-model-anywhere")
+    assert info.value.param == "model" and "no-such-model-anywhere" in str(info.value)
+
+
+def test_unsupported_architecture(tmp_path, smollm2_dir):
+    folder = tmp_path / "gpt2ish"
+    shutil.copytree(smollm2_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError) as info:
+        LLM(model=str(folder))
+    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"):
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_weights(tmp_path, smollm2_dir, damage):
+    folder = tmp_path / "broken"
+    shutil.copytree(smollm2_dir, folder)
+    weights = next(folder.glob("*.safetensors"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3] if damage == "truncate" else b"\x00garbage" * 100)
+    with pytest.raises(ModelLoadError) as info:
+        LLM(model=str(folder))
+    assert weights.name in str(info.value)
+
+
+def test_bad_engine_arguments():
+    with pytest.raises(InvalidRequestError) as info:
+        LLM(max_model_len=100_000)
+    assert info.value.param == "max_model_len" and "8192" in str(info.value)
+    with pytest.raises(InvalidRequestError) as info:
+        LLM(no_such_flag=1)
+    assert info.value.param == "no_such_flag"

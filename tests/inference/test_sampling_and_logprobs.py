@@ -1,0 +1,105 @@
+"""Logprobs against transformers, seeds, and sampling parameters as a user sees them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_model_len=512, kv_cache_space=0.5)
+
+
+@pytest.mark.timeout(300)
+def test_logprobs_match_transformers(llm, hf_smollm2, test_prompts):
+    prompt = test_prompts[1]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=5, prompt_logprobs=3, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)[0]
+    completion = out.outputs[0]
+    ids = prompt + completion.token_ids
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_smollm2(torch.tensor([ids])).logits[0].float(), dim=-1)
+    for step, (token_id, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = ref[len(prompt) - 1 + step]
+        assert abs(entry[token_id].logprob - row[token_id].item()) < 1e-4
+        top_ids = row.topk(5).indices.tolist()
+        assert set(top_ids) <= set(entry)
+        for t in top_ids:
+            assert abs(entry[t].logprob - row[t].item()) < 1e-4
+        assert entry[token_id].rank == 1  # greedy picks the most likely token
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos in range(1, len(prompt)):
+        assert abs(out.prompt_logprobs[pos][prompt[pos]].logprob - ref[pos - 1, prompt[pos]].item()) < 1e-4
+
+
+@pytest.mark.timeout(300)
+def test_seed_reproducible_alone_and_in_batch(llm, test_prompts):
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=24)
+    alone = llm.generate(prompt_token_ids=[test_prompts[0]], sampling_params=seeded, use_tqdm=False)[0]
+    others = SamplingParams(temperature=1.0, max_tokens=30)
+    batch = llm.generate(prompt_token_ids=test_prompts[1:5] + [test_prompts[0]] + test_prompts[5:],
+                         sampling_params=[others] * 4 + [seeded] + [others] * 3, use_tqdm=False)
+    assert batch[4].outputs[0].text == alone.outputs[0].text
+    assert batch[4].outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+@pytest.mark.timeout(300)
+def test_sampling_parameters_take_effect(llm, test_prompts, smollm2_tokenizer):
+    prompt = [test_prompts[4]]
+    # logit_bias forcing one token: every sampled token is that token.
+    forced = smollm2_tokenizer.encode(" banana", add_special_tokens=False)[0]
+    out = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                       sampling_params=SamplingParams(temperature=0.8, logit_bias={forced: 100}, max_tokens=5))
+    assert out[0].outputs[0].token_ids == [forced] * 5
+    # top_k=1 equals greedy.
+    greedy = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                          sampling_params=SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].token_ids
+    top1 = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                        sampling_params=SamplingParams(temperature=1.5, top_k=1, max_tokens=16))[0].outputs[0].token_ids
+    assert top1 == greedy
+    # A strong frequency penalty keeps greedy output from repeating tokens as much.
+    penal = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=48, frequency_penalty=2.0, ignore_eos=True))[0].outputs[0].token_ids
+    plain = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=48, ignore_eos=True))[0].outputs[0].token_ids
+    assert len(set(penal)) > len(set(plain))
+    # n samples, each with its own index; min_tokens holds EOS back.
+    outs = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                        sampling_params=SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, min_tokens=8))
+    assert [o.index for o in outs[0].outputs] == [0, 1, 2]
+    assert all(len(o.token_ids) == 8 for o in outs[0].outputs)
+    assert len({tuple(o.token_ids) for o in outs[0].outputs}) > 1
+
+
+@pytest.mark.timeout(300)
+def test_stop_strings_and_finish_reasons(llm, test_prompts, smollm2_tokenizer):
+    prompt = [test_prompts[4]]
+    base = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    assert base.finish_reason == "length"
+    words = base.text.split()
+    stop = words[len(words) // 2]
+    cut = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert stop not in cut.text and base.text.startswith(cut.text)
+    assert cut.text == base.text[:base.text.index(stop)]
+    kept = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True, stop=[stop], include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.text == cut.text + stop
+    # A stop token id ends the output and stays in token_ids.
+    stop_id = base.token_ids[5]
+    by_id = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_id]))[0].outputs[0]
+    assert by_id.token_ids == base.token_ids[:base.token_ids.index(stop_id) + 1]
+    assert by_id.stop_reason == stop_id
+
+
+@pytest.mark.timeout(300)
+def test_chat_uses_the_chat_template(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=20))
+    assert "<|im_start|>assistant" in out[0].prompt
+    assert "Paris" in out[0].outputs[0].text

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: parse and check requests, translate them, stream the answers."""

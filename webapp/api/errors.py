@@ -1,0 +1,68 @@
+"""Errors in OpenAI's envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from inference.errors import InvalidRequestError, NotSupportedYetError
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "BadRequestError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """An error the API answers with, in OpenAI's envelope.
+
+    Attributes:
+        status: HTTP status code.
+        message: human-readable text.
+        type: OpenAI's error type (``invalid_request_error`` for the client's mistakes).
+        param: the offending request field, when there is one.
+        code: a short machine-readable code (``model_not_found``, ...).
+    """
+
+    def __init__(self, message: str, status: int = 400, type: str | None = None,
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type or ("invalid_request_error" if status < 500 else _TYPES.get(status, "server_error"))
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JsonResponse:
+        return JsonResponse(self.body(), status=self.status)
+
+    @classmethod
+    def from_engine(cls, error: InvalidRequestError | NotSupportedYetError) -> "APIError":
+        """Translate an engine validation error (which names its parameter) into a 400."""
+        return cls(str(error), 400, param=getattr(error, "param", None))
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(message, 400, param=param, code=code)
+
+
+def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(message, 404, param=param, code=code)
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(message, 503, type="service_unavailable", code="service_unavailable")
+
+
+def handler404(request, exception=None) -> JsonResponse:
+    """Unknown URL: an OpenAI-style 404 rather than Django's HTML page."""
+    return not_found(f"Not found: {request.path}", code="not_found").response()
+
+
+def handler500(request) -> JsonResponse:
+    return APIError("The server had an internal error.", 500, type="internal_server_error").response()

@@ -1,0 +1,74 @@
+"""OpenAI response shapes: chat and completions objects, chunks, log-probabilities, usage.
+
+Log-probabilities arrive from workers as, per output position, a list of
+``[token_id, logprob, rank, decoded_token]`` (see :mod:`webapp.serving.messages`).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+Position = list[list]  # [[token_id, logprob, rank, decoded_token], ...]
+
+
+def _token_text(entry: list) -> str:
+    return entry[3] if entry[3] is not None else ""
+
+
+def _split(position: Position, token_id: int, top_n: int) -> tuple[list, list[list]]:
+    """The sampled token's entry and the top ``top_n`` entries by rank."""
+    chosen = next((e for e in position if e[0] == token_id), None) or [token_id, float("-inf"), None, ""]
+    top = sorted((e for e in position if e[2] is not None and e[2] <= top_n), key=lambda e: e[2])[:top_n]
+    return chosen, top
+
+
+def _logprob(value: float) -> float:
+    return max(value, -9999.0)  # JSON has no -inf
+
+
+def chat_logprobs(positions: list[Position] | None, token_ids: list[int], top_n: int) -> dict | None:
+    """Chat's ``logprobs`` object: ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}``."""
+    if positions is None:
+        return None
+    content = []
+    for position, token_id in zip(positions, token_ids):
+        chosen, top = _split(position or [], token_id, top_n)
+        text = _token_text(chosen)
+        content.append({
+            "token": text, "logprob": _logprob(chosen[1]), "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": _token_text(e), "logprob": _logprob(e[1]),
+                              "bytes": list(_token_text(e).encode("utf-8"))} for e in top],
+        })
+    return {"content": content}
+
+
+def completion_logprobs(positions: list[Position] | None, token_ids: list[int], top_n: int,
+                        text_offset: int) -> dict | None:
+    """Legacy completions ``logprobs``: parallel arrays ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (token -> logprob) and ``text_offset`` (characters from the start)."""
+    if positions is None:
+        return None
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for position, token_id in zip(positions, token_ids):
+        chosen, top = _split(position or [], token_id, top_n)
+        text = _token_text(chosen)
+        tokens.append(text)
+        token_logprobs.append(_logprob(chosen[1]))
+        tops.append({_token_text(e): _logprob(e[1]) for e in top} if top_n else None)
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event carrying ``data`` (a JSON object, or ``[DONE]``)."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode("utf-8")

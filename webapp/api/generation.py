@@ -1,0 +1,221 @@
+"""One chat or completions call end to end: admit, enqueue, then stream or collect.
+
+The view has parsed the body and tokenized the prompts; this module checks them against
+the live workers' context length, puts them on the model's queue and turns the workers'
+delta messages into OpenAI chunks (``stream``) or one response object (``collect``).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from inference.errors import InvalidRequestError
+from inference.validation import validate_prompt
+
+from webapp.serving.client import EngineRequestSpec, GenerationStream, WorkerLost, model_workers
+
+from . import formatting
+from .errors import APIError, unavailable
+from .protocol import GenerationOptions
+
+
+@dataclass
+class Prompt:
+    """One tokenized prompt; ``text`` is used for ``echo``."""
+
+    token_ids: list[int]
+    text: str = ""
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far.
+
+    ``pending_ids`` and ``pending_logprobs`` hold the tokens not sent yet when streaming,
+    and all tokens when collecting.
+    """
+
+    index: int
+    prompt_index: int
+    text: str = ""
+    num_tokens: int = 0
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Generation:
+    """A chat (``chat=True``) or completions call over one or more prompts.
+
+    Choice ``i`` of prompt ``p`` has index ``p * n + i``, as in OpenAI's API.
+    """
+
+    def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt]) -> None:
+        self.chat = chat
+        self.model = model
+        self.options = options
+        self.prompts = prompts
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.n = options.sampling["n"]
+        self.top_n = options.sampling.get("logprobs") or 0
+        self.want_logprobs = options.sampling.get("logprobs") is not None
+        self.choices = {p * self.n + i: ChoiceState(p * self.n + i, p)
+                        for p in range(len(prompts)) for i in range(self.n)}
+        self.cached_tokens = 0
+        self.stream: GenerationStream | None = None
+
+    async def submit(self) -> None:
+        """Check every prompt against a live worker's context and enqueue it.
+
+        Raises:
+            APIError: 503 when no worker serves the model; 400 when a prompt and its
+                ``max_tokens`` do not fit the context, or a parameter is out of range.
+        """
+        workers = await model_workers(self.model)
+        if not workers:
+            raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
+        max_model_len = min(int(w["max_model_len"]) for w in workers)
+        base = self.options.sampling_params()  # validates every field once
+        specs = []
+        for p, prompt in enumerate(self.prompts):
+            try:
+                max_tokens = validate_prompt(prompt.token_ids, base, max_model_len)
+            except InvalidRequestError as error:
+                raise APIError.from_engine(error) from None
+            params = dict(self.options.sampling, max_tokens=max_tokens)
+            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params))
+        self.stream = GenerationStream(self.model, specs)
+        await self.stream.start()
+
+    # ---- non-streaming -------------------------------------------------------------
+    async def collect(self) -> dict[str, Any]:
+        """Wait for every choice and return the response object (usage included).
+
+        Raises:
+            APIError: the worker's error (400), or 503 when the worker was lost.
+        """
+        try:
+            async for message in self.stream:
+                if message["type"] == "error":
+                    raise APIError(message["message"], message["status"], param=message.get("param"))
+                for _ in self._apply(message):
+                    pass
+        except WorkerLost as error:
+            raise unavailable(str(error)) from None
+        except BaseException:
+            await asyncio.shield(self.stream.abort())
+            raise
+        choices = [self._full_choice(c) for c in self.choices.values()]
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": self._usage()}
+
+    def _full_choice(self, c: ChoiceState) -> dict[str, Any]:
+        text = (self.prompts[c.prompt_index].text if self.options.echo else "") + c.text
+        if self.chat:
+            logprobs = formatting.chat_logprobs(c.pending_logprobs, c.pending_ids, self.top_n) if self.want_logprobs else None
+            return {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        logprobs = (formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n, 0)
+                    if self.want_logprobs else None)
+        return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason}
+
+    # ---- streaming -----------------------------------------------------------------
+    async def events(self) -> AsyncIterator[bytes]:
+        """Server-sent events: chunks, an optional usage chunk, then ``[DONE]``.
+
+        A worker error or a lost worker becomes an ``{"error": ...}`` event. If the client
+        disconnects (the task is cancelled), the engine requests are aborted.
+        """
+        try:
+            if self.chat:
+                for c in self.choices.values():
+                    yield formatting.sse(self._chunk(c, {"role": "assistant", "content": ""}, None))
+            elif self.options.echo:
+                for c in self.choices.values():
+                    yield formatting.sse(self._chunk(c, self.prompts[c.prompt_index].text, None))
+            async for message in self.stream:
+                if message["type"] == "error":
+                    await self.stream.abort()
+                    error = APIError(message["message"], message["status"], param=message.get("param"))
+                    yield formatting.sse(error.body())
+                    break
+                for c, new_text in self._apply(message):
+                    chunk = self._delta_chunk(c, new_text)
+                    if chunk is not None:
+                        yield formatting.sse(chunk)
+            else:
+                if self.options.include_usage:
+                    yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
+                                          "model": self.model, "choices": [], "usage": self._usage()})
+        except WorkerLost as error:
+            yield formatting.sse(unavailable(str(error)).body())
+        except BaseException:  # client gone (CancelledError) or a bug: free the engine
+            await asyncio.shield(self.stream.abort())
+            raise
+        yield formatting.sse("[DONE]")
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, c: ChoiceState, delta: Any, logprobs: dict | None, finish_reason: str | None = None,
+               stop_reason: Any = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": c.index}
+        if self.chat:
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+        choice.update(logprobs=logprobs, finish_reason=finish_reason)
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        chunk = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+                 "choices": [choice]}
+        if self.options.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _delta_chunk(self, c: ChoiceState, new_text: str) -> dict[str, Any] | None:
+        """The chunk for what ``c`` produced since the last chunk (None if nothing to send:
+        text held back by the detokenizer waits, with its log-probabilities, for the next)."""
+        if not new_text and c.finish_reason is None:
+            return None
+        logprobs = None
+        if self.want_logprobs:
+            if self.chat:
+                logprobs = formatting.chat_logprobs(c.pending_logprobs, c.pending_ids, self.top_n)
+            else:
+                logprobs = formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n,
+                                                          len(c.text) - len(new_text))
+        c.pending_ids, c.pending_logprobs = [], []
+        delta = {"content": new_text} if self.chat else new_text
+        if self.chat and not new_text:
+            delta = {}
+        return self._chunk(c, delta, logprobs, c.finish_reason, c.stop_reason)
+
+    # ---- shared --------------------------------------------------------------------
+    def _apply(self, message: dict[str, Any]):
+        """Fold a delta message into the choices; yields ``(choice, new_text)`` per output."""
+        prompt_index = int(message["rid"].rsplit("-", 1)[1])
+        if message.get("finished"):
+            self.cached_tokens += message.get("num_cached_tokens", 0)
+        for out in message["outputs"]:
+            c = self.choices[prompt_index * self.n + out["index"]]
+            c.text += out["text"]
+            c.num_tokens += len(out["token_ids"])
+            c.pending_ids.extend(out["token_ids"])
+            if out["logprobs"] is not None:
+                c.pending_logprobs.extend(out["logprobs"])
+            if out["finish_reason"] is not None:
+                c.finish_reason, c.stop_reason = out["finish_reason"], out["stop_reason"]
+            yield c, out["text"]
+
+    def _usage(self) -> dict[str, Any]:
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        completion_tokens = sum(c.num_tokens for c in self.choices.values())
+        return formatting.usage(prompt_tokens, completion_tokens, self.cached_tokens)

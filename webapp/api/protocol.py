@@ -1,0 +1,235 @@
+"""Parse and type-check OpenAI request bodies into engine sampling parameters.
+
+Field names and meanings follow OpenAI's API; vLLM's extra sampling fields are accepted
+too. Every type error is a 400 naming the field (``param``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.errors import InvalidRequestError
+from inference.sampling_params import SamplingParams
+
+from .errors import APIError, bad_request
+
+_MISSING = object()
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "an array", dict: "an object"}
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object.
+
+    Raises:
+        APIError: 400 when the body is not JSON or not an object.
+    """
+    try:
+        body = json.loads(raw or b"")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"The request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+class Body:
+    """Typed access to a JSON object's fields: ``get("n", int, 1)``."""
+
+    def __init__(self, data: dict[str, Any], prefix: str = "") -> None:
+        self.data = data
+        self.prefix = prefix
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        """The value of ``name`` if it has type ``kind`` (``None`` gives ``default``).
+
+        Integers count as numbers; booleans count only as booleans.
+        """
+        value = self.data.get(name, None)
+        if value is None:
+            return default
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds)
+        if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise bad_request(f"'{self.prefix}{name}' must be {expected}, got {json.dumps(value)[:80]}.",
+                              param=self.prefix + name)
+        return float(value) if kinds == (float,) else value
+
+
+def _stop_list(body: Body) -> list[str]:
+    stop = body.get("stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise bad_request("'stop' must be a string or an array of strings.", param="stop")
+    return stop
+
+
+def _int_list(body: Body, name: str) -> list[int]:
+    values = body.get(name, list, [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise bad_request(f"'{name}' must be an array of integers.", param=name)
+    return values
+
+
+def _logit_bias(body: Body) -> dict[int, float] | None:
+    bias = body.get("logit_bias", dict, None)
+    if not bias:
+        return None
+    try:
+        return {int(k): float(v) for k, v in bias.items()}
+    except (TypeError, ValueError):
+        raise bad_request("'logit_bias' must map token ids to numbers.", param="logit_bias") from None
+
+
+@dataclass
+class GenerationOptions:
+    """What a chat or completions body asks for, besides the prompt.
+
+    Attributes:
+        model: the requested model name ("" for the default).
+        stream: answer with server-sent events.
+        include_usage: add a final usage chunk to the stream.
+        sampling: keyword arguments of ``SamplingParams`` (``max_tokens`` None = fill the context).
+        echo: completions only: prepend the prompt to the output.
+    """
+
+    model: str
+    stream: bool
+    include_usage: bool
+    sampling: dict[str, Any] = field(default_factory=dict)
+    echo: bool = False
+
+    def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
+        """Build (and so validate) the sampling parameters.
+
+        Raises:
+            APIError: 400 naming the parameter out of range.
+        """
+        values = dict(self.sampling)
+        if max_tokens is not None:
+            values["max_tokens"] = max_tokens
+        try:
+            return SamplingParams(**values)
+        except InvalidRequestError as error:
+            raise APIError.from_engine(error) from None
+
+
+def parse_common(body: Body, chat: bool) -> GenerationOptions:
+    """Fields shared by chat and completions: streaming, sampling, vLLM's extras.
+
+    Raises:
+        APIError: 400 for a wrong type, a field without its prerequisite, or a feature
+            that is not supported yet.
+    """
+    stream = body.get("stream", bool, False)
+    stream_options = body.get("stream_options", dict, None)
+    if stream_options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    include_usage = bool(Body(stream_options or {}, "stream_options.").get("include_usage", bool, False))
+    max_tokens = body.get("max_tokens", int, None)
+    if chat:
+        max_tokens = body.get("max_completion_tokens", int, max_tokens)
+    priority = body.get("priority", int, 0)
+    if priority != 0:
+        raise bad_request("'priority' other than 0 needs priority scheduling, which is not supported yet.",
+                          param="priority")
+    for name in ("tools", "functions"):
+        if body.get(name, list, None):
+            raise bad_request(f"'{name}' (tool calling) is not supported yet.", param=name)
+    response_format = body.get("response_format", dict, None)
+    if response_format and response_format.get("type", "text") != "text":
+        raise bad_request("'response_format' other than text (structured output) is not supported yet.",
+                          param="response_format")
+    sampling = {
+        "n": body.get("n", int, 1),
+        "temperature": body.get("temperature", float, 1.0),
+        "top_p": body.get("top_p", float, 1.0),
+        "top_k": body.get("top_k", int, -1),
+        "min_p": body.get("min_p", float, 0.0),
+        "presence_penalty": body.get("presence_penalty", float, 0.0),
+        "frequency_penalty": body.get("frequency_penalty", float, 0.0),
+        "repetition_penalty": body.get("repetition_penalty", float, 1.0),
+        "seed": body.get("seed", int, None),
+        "logit_bias": _logit_bias(body),
+        "stop": _stop_list(body),
+        "stop_token_ids": _int_list(body, "stop_token_ids"),
+        "include_stop_str_in_output": body.get("include_stop_str_in_output", bool, False),
+        "ignore_eos": body.get("ignore_eos", bool, False),
+        "min_tokens": body.get("min_tokens", int, 0),
+        "max_tokens": max_tokens,
+        "skip_special_tokens": body.get("skip_special_tokens", bool, True),
+        "spaces_between_special_tokens": body.get("spaces_between_special_tokens", bool, True),
+    }
+    if sampling["top_k"] == 0:
+        sampling["top_k"] = -1
+    best_of = body.get("best_of", int, None)
+    if best_of is not None and best_of != sampling["n"]:
+        raise bad_request("'best_of' different from 'n' is not supported.", param="best_of")
+    return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
+                             sampling=sampling)
+
+
+def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dict[str, Any]]:
+    """A chat completions body: options, messages, chat-template options.
+
+    Raises:
+        APIError: 400 for malformed messages or fields.
+    """
+    options = parse_common(body, chat=True)
+    messages = body.get("messages", list, None)
+    if not messages:
+        raise bad_request("'messages' is required and must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"'messages[{i}]' must be an object with a 'role'.", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content):
+                raise bad_request(f"'messages[{i}].content' may only hold text parts.", param="messages")
+            message = messages[i] = dict(message, content="".join(parts))
+        elif content is not None and not isinstance(content, str):
+            raise bad_request(f"'messages[{i}].content' must be a string or an array of parts.",
+                              param="messages")
+    logprobs = body.get("logprobs", bool, False)
+    top_logprobs = body.get("top_logprobs", int, None)
+    if top_logprobs is not None and not logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    options.sampling["logprobs"] = (top_logprobs or 0) if logprobs else None
+    template = {
+        "add_generation_prompt": body.get("add_generation_prompt", bool, True),
+        "continue_final_message": body.get("continue_final_message", bool, False),
+        "chat_template_kwargs": body.get("chat_template_kwargs", dict, None),
+    }
+    return options, messages, template
+
+
+def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int]]]:
+    """A (legacy) completions body: options and the prompts (texts or token id lists).
+
+    Raises:
+        APIError: 400 for a missing or malformed prompt or field.
+    """
+    options = parse_common(body, chat=False)
+    prompt = body.data.get("prompt")
+    if isinstance(prompt, str):
+        prompts: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise bad_request("'prompt' must be a string, an array of strings, an array of token ids, "
+                          "or an array of token id arrays.", param="prompt")
+    if body.get("suffix", str, None):
+        raise bad_request("'suffix' is not supported.", param="suffix")
+    options.sampling["logprobs"] = body.get("logprobs", int, None)
+    options.echo = body.get("echo", bool, False)
+    if options.echo and options.sampling["logprobs"] is not None:
+        raise bad_request("'echo' together with 'logprobs' is not supported yet.", param="echo")
+    return options, prompts

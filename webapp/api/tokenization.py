@@ -1,0 +1,144 @@
+"""Tokenizers of the served models, loaded in the web process (no weights), and chat templates.
+
+The web process tokenizes (and applies the chat template) before enqueueing, so that it can
+reject a prompt that does not fit the context without bothering a worker.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from inference.errors import ModelLoadError
+from inference.model_loader import load_tokenizer, resolve_model
+
+from .errors import APIError, bad_request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model this server answers for.
+
+    Attributes:
+        name: the name clients send in ``"model"`` (``--served-model-name``).
+        model: what the engine loads (packaged name, directory or GGUF file).
+        tokenizer: tokenizer source when it differs from ``model``.
+        chat_template: a Jinja template, or a path to a file with one (``--chat-template``).
+    """
+
+    name: str
+    model: str
+    tokenizer: str | None = None
+    chat_template: str | None = None
+
+
+def served_models() -> list[ServedModel]:
+    """The models configured in settings (one per ``manage.py serve``)."""
+    cfg = settings.TESSERA
+    return [ServedModel(cfg["SERVED_MODEL_NAME"], cfg["MODEL"], cfg["TOKENIZER"], cfg["CHAT_TEMPLATE"])]
+
+
+def get_served_model(name: str | None) -> ServedModel:
+    """The served model called ``name`` (the first one when ``name`` is empty).
+
+    Raises:
+        APIError: 404 ``model_not_found``.
+    """
+    models = served_models()
+    if not name:
+        return models[0]
+    for model in models:
+        if model.name == name:
+            return model
+    raise APIError(f"The model `{name}` does not exist.", 404, param="model", code="model_not_found")
+
+
+class Tokenizer:
+    """A served model's Hugging Face tokenizer and its chat template."""
+
+    def __init__(self, served: ServedModel) -> None:
+        resolved = resolve_model(served.model, served.tokenizer)
+        self.hf = load_tokenizer(resolved.tokenizer_dir)
+        self._template_option = served.chat_template
+
+    @cached_property
+    def chat_template(self) -> str | None:
+        option = self._template_option
+        if option:
+            path = Path(option).expanduser()
+            return path.read_text() if "{" not in option and path.is_file() else option
+        return getattr(self.hf, "chat_template", None) or None
+
+    @cached_property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """Render the conversation to prompt text.
+
+        Raises:
+            APIError: 400 when the tokenizer has no chat template (naming ``--chat-template``)
+                or the template fails on these messages.
+        """
+        if self.chat_template is None:
+            raise bad_request(
+                "This model's tokenizer has no chat template, so chat requests cannot be formatted. "
+                "Start the server with --chat-template <file or Jinja string>, or use /v1/completions.",
+                param="messages", code="chat_template_missing")
+        try:
+            return self.hf.apply_chat_template(
+                messages, chat_template=self.chat_template, tokenize=False,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+        except Exception as error:  # Jinja errors of all kinds: the messages do not fit the template
+            raise bad_request(f"The chat template could not format these messages: {error}",
+                              param="messages") from error
+
+
+_tokenizers: dict[str, Tokenizer] = {}
+_lock = threading.Lock()
+
+
+def get_tokenizer(served: ServedModel) -> Tokenizer:
+    """The (cached) tokenizer of ``served``.
+
+    Raises:
+        APIError: 503 when the model's tokenizer cannot be loaded.
+    """
+    tokenizer = _tokenizers.get(served.name)
+    if tokenizer is None:
+        with _lock:
+            tokenizer = _tokenizers.get(served.name)
+            if tokenizer is None:
+                try:
+                    tokenizer = _tokenizers[served.name] = Tokenizer(served)
+                except ModelLoadError as error:
+                    raise APIError(f"The tokenizer of '{served.name}' cannot be loaded: {error}", 503) from error
+    return tokenizer
+
+
+def warm_up_tokenizers() -> None:
+    """Load the tokenizers in the background, so the first request does not wait for them."""
+    def load() -> None:
+        for served in served_models():
+            try:
+                get_tokenizer(served)
+            except APIError as error:
+                logger.warning("%s", error.message)
+
+    threading.Thread(target=load, name="tessera-tokenizer-warmup", daemon=True).start()

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("v1/chat/completions", views.chat_completions, name="chat-completions"),
+    path("v1/completions", views.completions, name="completions"),
+    path("v1/models", views.list_models, name="models"),
+    path("tokenize", views.tokenize, name="tokenize"),
+    path("detokenize", views.detokenize, name="detokenize"),
+    path("health", views.health, name="health"),
+    path("version", views.version, name="version"),
+    path("metrics", views.metrics, name="metrics"),
+    path("", views.index, name="index"),
+]

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible endpoints (and vLLM's tokenize/detokenize, health, version, metrics).
+
+Views only authenticate, admit, translate and stream: parsing is in :mod:`.protocol`,
+tokenization in :mod:`.tokenization`, the request's life in :mod:`.generation`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import render
+
+from webapp import metrics as prometheus
+from webapp.serving.client import get_redis, model_workers
+from webapp.serving.registry import live_workers
+from webapp.version import __version__
+
+from .decorators import api_view
+from .errors import APIError, unavailable
+from .generation import Generation, Prompt
+from .protocol import Body, parse_chat, parse_completion, parse_json_body
+from .tokenization import Tokenizer, get_served_model, get_tokenizer, served_models
+
+_STARTED = int(time.time())
+
+
+async def _tokenizer(served) -> Tokenizer:
+    """The model's tokenizer, loaded off the event loop the first time."""
+    return await asyncio.to_thread(get_tokenizer, served)
+
+
+async def _respond(generation: Generation) -> HttpResponse:
+    await generation.submit()
+    if generation.options.stream:
+        response = StreamingHttpResponse(generation.events(), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    return JsonResponse(await generation.collect())
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest, tenant) -> HttpResponse:
+    """POST /v1/chat/completions."""
+    options, messages, template = parse_chat(Body(parse_json_body(request.body)))
+    served = get_served_model(options.model)
+    tokenizer = await _tokenizer(served)
+    text = tokenizer.apply_chat_template(messages, **template)
+    prompt = Prompt(tokenizer.encode(text, add_special_tokens=False), text)
+    return await _respond(Generation(True, served.name, options, [prompt]))
+
+
+@api_view("POST")
+async def completions(request: HttpRequest, tenant) -> HttpResponse:
+    """POST /v1/completions (prompt: text, token ids, or a batch of either)."""
+    options, prompts = parse_completion(Body(parse_json_body(request.body)))
+    served = get_served_model(options.model)
+    tokenizer = await _tokenizer(served)
+    tokenized = []
+    for p in prompts:
+        if isinstance(p, str):
+            tokenized.append(Prompt(tokenizer.encode(p), p))
+        else:
+            if any(t < 0 or t >= tokenizer.vocab_size for t in p):
+                raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
+            tokenized.append(Prompt(list(p), tokenizer.decode(p) if options.echo else ""))
+    return await _respond(Generation(False, served.name, options, tokenized))
+
+
+@api_view("GET")
+async def list_models(request: HttpRequest, tenant) -> HttpResponse:
+    """GET /v1/models."""
+    data = []
+    for served in served_models():
+        workers = await model_workers(served.name)
+        data.append({"id": served.name, "object": "model", "created": _STARTED, "owned_by": "tessera",
+                     "root": served.model, "parent": None,
+                     "max_model_len": min((w["max_model_len"] for w in workers), default=None)})
+    return JsonResponse({"object": "list", "data": data})
+
+
+@api_view("POST", authenticate=False)
+async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
+    """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``."""
+    body = Body(parse_json_body(request.body))
+    served = get_served_model(body.get("model", str, ""))
+    tokenizer = await _tokenizer(served)
+    if "messages" in body.data:
+        _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
+        template["add_generation_prompt"] = body.get("add_generation_prompt", bool, True)
+        template["continue_final_message"] = body.get("continue_final_message", bool, False)
+        template["chat_template_kwargs"] = body.get("chat_template_kwargs", dict, None)
+        text = tokenizer.apply_chat_template(messages, **template)
+        tokens = tokenizer.encode(text, add_special_tokens=body.get("add_special_tokens", bool, False))
+    else:
+        prompt = body.get("prompt", str, None)
+        if prompt is None:
+            raise APIError("'prompt' (a string) or 'messages' is required.", 400, param="prompt")
+        tokens = tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", bool, True))
+    workers = await model_workers(served.name)
+    result = {"count": len(tokens), "max_model_len": min((w["max_model_len"] for w in workers), default=None),
+              "tokens": tokens, "token_strs": None}
+    if body.get("return_token_strs", bool, False):
+        result["token_strs"] = tokenizer.hf.convert_ids_to_tokens(tokens)
+    return JsonResponse(result)
+
+
+@api_view("POST", authenticate=False)
+async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
+    """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``."""
+    body = Body(parse_json_body(request.body))
+    served = get_served_model(body.get("model", str, ""))
+    tokenizer = await _tokenizer(served)
+    tokens = body.get("tokens", list, None)
+    if tokens is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise APIError("'tokens' must be an array of integers.", 400, param="tokens")
+    if any(t < 0 or t >= tokenizer.vocab_size for t in tokens):
+        raise APIError(f"Token ids must be in [0, {tokenizer.vocab_size}).", 400, param="tokens")
+    return JsonResponse({"prompt": tokenizer.decode(tokens)})
+
+
+@api_view("GET", authenticate=False)
+async def health(request: HttpRequest, tenant) -> HttpResponse:
+    """GET /health: 200 when at least one engine worker is live, else 503."""
+    workers = [w for w in await live_workers(get_redis()) if w.get("live")]
+    if not workers:
+        raise unavailable("No engine worker is live.")
+    return HttpResponse(status=200)
+
+
+@api_view("GET", authenticate=False)
+async def version(request: HttpRequest, tenant) -> HttpResponse:
+    """GET /version."""
+    return JsonResponse({"version": __version__})
+
+
+@api_view("GET", authenticate=False)
+async def metrics(request: HttpRequest, tenant) -> HttpResponse:
+    """GET /metrics: Prometheus text format, labelled by ``model_name``."""
+    workers = await live_workers(get_redis())
+    body = prometheus.render(workers, [s.name for s in served_models()])
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def index(request: HttpRequest) -> HttpResponse:
+    """GET /: a page that says what this server is and how to call it."""
+    return render(request, "index.html", {"models": served_models(), "version": __version__})

@@ -1,0 +1,65 @@
+"""Engine flags shared by ``manage.py serve`` and ``manage.py worker`` (vLLM's names)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from inference import EngineArgs
+from inference.model_loader.sources import PACKAGED_MODEL_NAMES
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+assert DEFAULT_MODEL in PACKAGED_MODEL_NAMES
+
+# flag -> (EngineArgs field, argparse kwargs)
+ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--served-model-name": ("served_model_name", {"help": "Name clients send as 'model' (default: MODEL)."}),
+    "--tokenizer": ("tokenizer", {"help": "Tokenizer directory, when it is not the model's."}),
+    "--dtype": ("dtype", {"default": "auto", "choices": ["auto", "float32", "float", "bfloat16", "float16", "half"],
+                          "help": "Weight and activation dtype (auto: float32 on CPU)."}),
+    "--max-model-len": ("max_model_len", {"type": int, "help": "Context length (prompt + output), in tokens."}),
+    "--max-num-seqs": ("max_num_seqs", {"type": int, "default": 256, "help": "Requests in one engine step."}),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", {"type": int, "help": "Tokens in one engine step."}),
+    "--enable-chunked-prefill": ("enable_chunked_prefill", {"action": argparse.BooleanOptionalAction,
+                                                            "default": True, "help": "Split long prefills."}),
+    "--enable-prefix-caching": ("enable_prefix_caching", {"action": "store_true",
+                                                          "help": "Share KV blocks of common prefixes."}),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float, "default": 0.9,
+                                                            "help": "Fraction of GPU memory to use."}),
+    "--swap-space": ("swap_space", {"type": float, "default": 0.0, "help": "CPU swap space per GPU, GiB."}),
+    "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1, "help": "GPUs per engine."}),
+    "--quantization": ("quantization", {"help": "Weight quantization method."}),
+    "--block-size": ("block_size", {"type": int, "default": 16, "help": "Tokens per KV block."}),
+    "--seed": ("seed", {"type": int, "default": 0, "help": "Engine random seed."}),
+    "--enforce-eager": ("enforce_eager", {"action": "store_true", "help": "Never capture CUDA graphs."}),
+}
+SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``MODEL`` and the engine flags to ``parser``."""
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help=f"Model: the packaged '{DEFAULT_MODEL}' (default), a Hugging Face directory "
+                             "or a .gguf file.")
+    for flag, (_, kwargs) in ENGINE_FLAGS.items():
+        names = [flag, SHORT_FLAGS[flag]] if flag in SHORT_FLAGS else [flag]
+        parser.add_argument(*names, dest=ENGINE_FLAGS[flag][0], **kwargs)
+
+
+def engine_args_from_options(options: dict[str, Any]) -> EngineArgs:
+    """``EngineArgs`` from parsed options (argparse destinations are the field names)."""
+    values = {field: options[field] for field, _ in ENGINE_FLAGS.values() if field in options}
+    return EngineArgs(model=options["model"], **values)
+
+
+def engine_argv(args: EngineArgs) -> list[str]:
+    """Command-line flags that rebuild ``args`` (to start a worker process with them)."""
+    argv = [args.model]
+    for flag, (field, kwargs) in ENGINE_FLAGS.items():
+        value = getattr(args, field)
+        if kwargs.get("action") == "store_true":
+            argv += [flag] if value else []
+        elif kwargs.get("action") is argparse.BooleanOptionalAction:
+            argv += [flag if value else "--no-" + flag[2:]]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,61 @@
+"""The one place that reads Tessera's environment variables (typed, read once).
+
+``manage.py serve`` sets these for the processes it starts (Daphne and the engine
+worker); a deployment sets them itself.
+
+=============================  ==============================================================
+``REDIS_URL``                  Celery broker, Channels layer and live-metrics store.
+``TESSERA_MODEL``              model to serve (a packaged name, a path or a GGUF file).
+``TESSERA_SERVED_MODEL_NAME``  name clients put in ``"model"`` (default: ``TESSERA_MODEL``).
+``TESSERA_TOKENIZER``          tokenizer source when it differs from the model.
+``TESSERA_CHAT_TEMPLATE``      Jinja chat template, or a path to a file holding one.
+``TESSERA_API_KEY``            when set, requests need ``Authorization: Bearer <key>``.
+``TESSERA_DB_PATH``            SQLite database file (default ``db.sqlite3`` in the repository).
+``TESSERA_LOG_LEVEL``          log level name (default ``INFO``).
+``DJANGO_SECRET_KEY``          Django's secret key (a fixed development key otherwise).
+``DJANGO_DEBUG``               ``1`` turns on Django's debug mode.
+=============================  ==============================================================
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class ServingEnv:
+    """Environment-derived settings of the web and worker processes."""
+
+    redis_url: str
+    model: str
+    served_model_name: str
+    tokenizer: str | None
+    chat_template: str | None
+    api_key: str | None
+    db_path: Path
+    log_level: str
+    secret_key: str
+    debug: bool
+
+    @classmethod
+    def from_environ(cls, environ: os._Environ | dict[str, str] = os.environ) -> "ServingEnv":
+        model = environ.get("TESSERA_MODEL") or DEFAULT_MODEL
+        return cls(
+            redis_url=environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
+            model=model,
+            served_model_name=environ.get("TESSERA_SERVED_MODEL_NAME") or model,
+            tokenizer=environ.get("TESSERA_TOKENIZER") or None,
+            chat_template=environ.get("TESSERA_CHAT_TEMPLATE") or None,
+            api_key=environ.get("TESSERA_API_KEY") or None,
+            db_path=Path(environ.get("TESSERA_DB_PATH") or BASE_DIR / "db.sqlite3"),
+            log_level=(environ.get("TESSERA_LOG_LEVEL") or "INFO").upper(),
+            secret_key=environ.get("DJANGO_SECRET_KEY") or "tessera-development-key-change-me-in-production",
+            debug=environ.get("DJANGO_DEBUG", "") in ("1", "true", "True"),
+        )
+
+
+ENV = ServingEnv.from_environ()

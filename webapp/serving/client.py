@@ -1,0 +1,161 @@
+"""Web side of the request path: enqueue engine requests, receive their deltas, watch the
+worker, abort.
+
+A request's messages come back on one Channels channel of this process. While it is
+silent, the stream checks every ``SILENCE_CHECK`` seconds that the worker that claimed
+each request still has a fresh heartbeat (and, before any claim, that some worker of the
+model is live); if not, it raises :class:`WorkerLost` — so a client whose worker died gets
+an error within ``SILENCE_CHECK + HEARTBEAT_TTL`` seconds (about 5 s) instead of hanging.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import redis.asyncio as aioredis
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from webapp.celery import app as celery_app, queue_for
+from webapp.tasks import GENERATE_TASK
+
+from . import registry
+from .messages import Message, is_final
+
+SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
+
+_redis_by_loop: dict[int, aioredis.Redis] = {}
+
+
+def get_redis() -> aioredis.Redis:
+    """An asyncio Redis client bound to the running event loop."""
+    loop = asyncio.get_running_loop()
+    client = _redis_by_loop.get(id(loop))
+    if client is None:
+        client = _redis_by_loop[id(loop)] = aioredis.Redis.from_url(settings.CELERY_BROKER_URL)
+    return client
+
+
+class WorkerLost(Exception):
+    """The worker serving a request died or left, or no worker of the model is live."""
+
+
+@dataclass(frozen=True)
+class EngineRequestSpec:
+    """One engine request of an HTTP request (a completions call with several prompts has several)."""
+
+    rid: str
+    prompt_token_ids: list[int]
+    params: dict[str, Any]
+
+
+class GenerationStream:
+    """Enqueue engine requests for ``model`` and yield their messages as they arrive.
+
+    Messages of one engine request arrive in ``seq`` order; an error message ends its
+    request. Use :meth:`abort` when the client goes away before the end.
+    """
+
+    def __init__(self, model: str, requests: list[EngineRequestSpec]) -> None:
+        self.model = model
+        self.requests = requests
+        self.layer = get_channel_layer()
+        self.reply: str | None = None
+        self._unfinished = {r.rid for r in requests}
+        self._next_seq = {r.rid: 0 for r in requests}
+        self._held: dict[tuple[str, int], Message] = {}
+        self._receive: asyncio.Future | None = None
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    async def start(self) -> None:
+        """Put every engine request on the model's Celery queue."""
+        self.reply = await self.layer.new_channel("tessera.reply")
+        now = time.time()
+        payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
+                     "params": r.params, "arrival": now} for r in self.requests]
+        await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while self._unfinished:
+            message = await self._next_message()
+            rid = message.get("rid")
+            if rid not in self._unfinished:
+                continue
+            self._held[(rid, message.get("seq", 0))] = message
+            while (rid, self._next_seq[rid]) in self._held:
+                ready = self._held.pop((rid, self._next_seq[rid]))
+                self._next_seq[rid] += 1
+                if is_final(ready):
+                    self._unfinished.discard(rid)
+                yield ready
+                if rid not in self._unfinished:
+                    break
+
+    async def _next_message(self) -> Message:
+        if self._receive is None:
+            self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
+        while True:
+            done, _ = await asyncio.wait({self._receive}, timeout=SILENCE_CHECK)
+            if done:
+                receive, self._receive = self._receive, None
+                return receive.result()
+            await self._check_workers()
+
+    async def _check_workers(self) -> None:
+        redis = get_redis()
+        rids = sorted(self._unfinished)
+        owners = await redis.mget([registry.claim_key(r) for r in rids])
+        waiting = False
+        for owner in {o.decode() for o in owners if o} - {registry.ABORTED}:
+            if await registry.worker_info(redis, owner) is None:
+                raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
+        if any(o is None for o in owners):
+            waiting = True
+        if waiting and not await registry.live_workers(redis, self.model):
+            raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
+
+    async def abort(self) -> None:
+        """Abort the unfinished engine requests: those not claimed yet are marked so no
+        worker starts them; the owners of the others get an abort on their control channel."""
+        if self._receive is not None:
+            self._receive.cancel()
+            self._receive = None
+        if not self._unfinished:
+            return
+        redis = get_redis()
+        by_worker: dict[str, list[str]] = {}
+        for rid in sorted(self._unfinished):
+            key = registry.claim_key(rid)
+            if await redis.set(key, registry.ABORTED, nx=True, ex=registry.CLAIM_TTL):
+                continue
+            owner = await redis.get(key)
+            if owner and owner.decode() != registry.ABORTED:
+                by_worker.setdefault(owner.decode(), []).append(rid)
+        for worker_id, rids in by_worker.items():
+            info = await registry.worker_info(redis, worker_id)
+            if info and info.get("control"):
+                await self.layer.send(info["control"], {"type": "abort", "rids": rids})
+        self._unfinished.clear()
+
+
+def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
+    for payload in payloads:
+        celery_app.send_task(GENERATE_TASK, args=[payload], queue=queue)
+
+
+_WORKERS_CACHE_SECONDS = 0.25
+_workers_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+async def model_workers(model: str) -> list[dict[str, Any]]:
+    """Live workers of ``model`` (cached for a quarter of a second per process)."""
+    now = time.monotonic()
+    hit = _workers_cache.get(model)
+    if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS:
+        hit = _workers_cache[model] = (now, await registry.live_workers(get_redis(), model))
+    return hit[1]

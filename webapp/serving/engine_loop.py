@@ -1,0 +1,175 @@
+"""The engine step loop of a worker, in its own thread, free of any I/O.
+
+Other threads talk to it only through a thread-safe inbox (requests to add, ids to abort);
+it hands each step's outputs to a callback that must not block (the I/O thread's queue).
+Between two steps it drains the whole inbox, so an abort reaches ``abort_request`` before
+the next step: a client that leaves costs at most the step already running.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from inference.errors import InvalidRequestError, NotSupportedYetError
+from inference.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL = 0.2  # seconds an idle loop waits on its inbox before refreshing stats
+ABORT_MEMORY = 120.0  # seconds an abort for a request not seen yet is remembered
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request handed to the engine loop.
+
+    Attributes:
+        request_id: the engine request id (unique across the cluster).
+        prompt_token_ids: tokenized prompt, list of int.
+        params: validated sampling parameters.
+        arrival_time: ``time.monotonic`` seconds at which the web process received it.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+
+
+class EngineLoop(threading.Thread):
+    """Runs ``engine.step()`` while there is work; the only thread that touches the engine.
+
+    Args:
+        engine: an ``inference.LLMEngine``.
+        on_outputs: called with ``(outputs, step_end_time)`` after every step that produced
+            outputs; must return at once.
+        on_rejected: called with ``(request_id, status, message, param)`` when the engine
+            refuses a request or fails; must return at once.
+        max_num_seqs: admission capacity; :meth:`acquire_slot` blocks beyond it.
+    """
+
+    def __init__(self, engine: Any, on_outputs: Callable[[list, float], None],
+                 on_rejected: Callable[[str, int, str, str | None], None], max_num_seqs: int) -> None:
+        super().__init__(name="tessera-engine-loop", daemon=True)
+        self.engine = engine
+        self._on_outputs = on_outputs
+        self._on_rejected = on_rejected
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._slots = threading.Semaphore(max_num_seqs)
+        self._active: set[str] = set()
+        self._early_aborts: dict[str, float] = {}
+        self._stop = threading.Event()
+        self.stats = engine.get_stats()
+        self.failed: BaseException | None = None
+        self.num_steps = 0
+
+    # ---- called from other threads -------------------------------------------------
+    def acquire_slot(self, timeout: float) -> bool:
+        """Reserve room for one request (False after ``timeout`` seconds without room)."""
+        return self._slots.acquire(timeout=timeout)
+
+    def release_slot(self) -> None:
+        self._slots.release()
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request whose slot the caller holds; the loop adds it before its next step."""
+        self._inbox.put(("add", request))
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests before the next step (unknown ids are remembered for a while)."""
+        self._inbox.put(("abort", list(request_ids)))
+
+    def stop(self) -> None:
+        """Abort everything and end the loop (returns at once; join the thread to wait)."""
+        self._stop.set()
+        self._inbox.put(("stop", None))
+
+    # ---- the loop ---------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self.engine.has_unfinished_requests()
+                self._drain_inbox(block=not busy)
+                if self._stop.is_set():
+                    break
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    self.num_steps += 1
+                    if outputs:
+                        self._finish(outputs)
+                        self._on_outputs(outputs, time.monotonic())
+                self.stats = self.engine.get_stats()
+        except BaseException as error:  # the engine failed: every request gets an error
+            logger.exception("engine loop failed")
+            self.failed = error
+        finally:
+            reason = f"The engine failed: {self.failed}" if self.failed else "The worker is shutting down."
+            for rid in list(self._active):
+                self._on_rejected(rid, 503, reason, None)
+            self._abort_all()
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=IDLE_POLL) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, value = item
+            if kind == "add":
+                self._add(value)
+            elif kind == "abort":
+                self._abort(value)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, request: EngineRequest) -> None:
+        if self._early_aborts.pop(request.request_id, None) is not None:
+            self._slots.release()
+            return
+        try:
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
+                                    arrival_time=request.arrival_time)
+        except (InvalidRequestError, NotSupportedYetError) as error:
+            self._slots.release()
+            self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
+            return
+        self._active.add(request.request_id)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        now = time.monotonic()
+        known = [rid for rid in request_ids if rid in self._active]
+        for rid in request_ids:
+            if rid not in self._active:
+                self._early_aborts[rid] = now
+        self._early_aborts = {r: t for r, t in self._early_aborts.items() if now - t < ABORT_MEMORY}
+        if known:
+            self.engine.abort_request(known)
+            for rid in known:
+                self._active.discard(rid)
+                self._slots.release()
+
+    def _finish(self, outputs: list) -> None:
+        for out in outputs:
+            if out.finished and out.request_id in self._active:
+                self._active.discard(out.request_id)
+                self._slots.release()
+
+    def _abort_all(self) -> None:
+        if self._active:
+            try:
+                self.engine.abort_request(list(self._active))
+            except Exception:  # the engine may be the thing that failed
+                logger.exception("abort on shutdown failed")
+            for _ in self._active:
+                self._slots.release()
+            self._active.clear()
+
+    @property
+    def active_request_ids(self) -> list[str]:
+        return list(self._active)

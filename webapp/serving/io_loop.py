@@ -1,0 +1,171 @@
+"""The worker's I/O thread: one asyncio loop that does all of a worker's Redis traffic.
+
+* publishes engine outputs: everything that piled up while the previous publish was in
+  flight is coalesced per request and written with one pipeline (:func:`.publish.bulk_send`),
+  so a slow Redis delays delivery but never the engine loop;
+* receives aborts on the worker's control channel and passes them to the engine loop;
+* writes the heartbeat (worker info, engine stats, request metrics) every
+  ``HEARTBEAT_INTERVAL`` seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from channels_redis.core import RedisChannelLayer
+
+from . import registry
+from .messages import coalesce, encode_output, error_message, is_final
+from .publish import bulk_send
+from .worker_metrics import RequestMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerIO(threading.Thread):
+    """Owns the worker's Redis I/O; other threads call only the thread-safe methods.
+
+    Args:
+        worker_id: this worker's id (heartbeat and claim values).
+        layer: the Channels layer (a ``RedisChannelLayer``) used only from this thread.
+        info: returns the heartbeat's info dict (called on this thread).
+        on_abort: called with a list of request ids the clients abandoned.
+    """
+
+    def __init__(self, worker_id: str, layer: RedisChannelLayer, info: Callable[[], dict[str, Any]],
+                 on_abort: Callable[[list[str]], None]) -> None:
+        super().__init__(name="tessera-worker-io", daemon=True)
+        self.worker_id = worker_id
+        self.layer = layer
+        self.metrics = RequestMetrics()
+        self.control_channel: str | None = None
+        self._info = info
+        self._on_abort = on_abort
+        self._routes: dict[str, str] = {}  # request id -> reply channel
+        self._seq: dict[str, int] = {}
+        self._loop = asyncio.new_event_loop()
+        self._queue: asyncio.Queue | None = None
+        self._ready = threading.Event()
+        self._stopping = False
+
+    # ---- thread-safe API -------------------------------------------------------------
+    def start_and_wait(self, timeout: float = 30.0) -> None:
+        self.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the worker's I/O thread did not start (is Redis reachable?)")
+
+    def add_route(self, request_id: str, reply_channel: str) -> None:
+        """Route the outputs of ``request_id`` to ``reply_channel`` (before it is submitted)."""
+        self._routes[request_id] = reply_channel
+
+    def publish(self, outputs: list, step_time: float) -> None:
+        """Queue one step's outputs for publishing; returns at once (engine loop side)."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, ("outputs", outputs, step_time))
+
+    def reject(self, request_id: str, status: int, message: str, param: str | None) -> None:
+        """End a request with an error message to its client; returns at once."""
+        self._loop.call_soon_threadsafe(
+            self._queue.put_nowait, ("error", error_message(request_id, status, message, param), None))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Flush what is queued, remove the heartbeat, end the thread."""
+        if self.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout)
+            self.join(timeout)
+
+    # ---- the loop ------------------------------------------------------------------
+    def run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._queue = asyncio.Queue()
+        self.control_channel = await self.layer.new_channel("tessera.worker")
+        await self._heartbeat_once()
+        tasks = [asyncio.ensure_future(c) for c in (self._publisher(), self._control(), self._heartbeat())]
+        self._ready.set()
+        self._tasks = tasks
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        await self._queue.put(("flush", None, None))
+        self._tasks[1].cancel()
+        self._tasks[2].cancel()
+        try:
+            await asyncio.wait_for(self._tasks[0], 3.0)
+        except asyncio.TimeoutError:
+            self._tasks[0].cancel()
+        redis = self.layer.connection(0)
+        await redis.delete(registry.worker_key(self.worker_id))
+        await redis.zrem(registry.WORKERS_KEY, self.worker_id)
+
+    async def _publisher(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._publish(batch)
+            except Exception:
+                logger.exception("publishing %d items failed", len(batch))
+            if self._stopping and any(kind == "flush" for kind, _, _ in batch):
+                return
+
+    async def _publish(self, batch: list[tuple[str, Any, float | None]]) -> None:
+        messages = []
+        for kind, value, step_time in batch:
+            if kind == "outputs":
+                for out in value:
+                    message = encode_output(out)
+                    self._observe(message, step_time)
+                    messages.append(message)
+            elif kind == "error":
+                messages.append(value)
+        items, cleanup = [], []
+        for message in coalesce(messages):
+            rid = message["rid"]
+            channel = self._routes.get(rid)
+            if channel is None:  # the client left: nobody listens any more
+                continue
+            message["seq"] = self._seq.get(rid, 0)
+            self._seq[rid] = message["seq"] + 1
+            items.append((channel, message))
+            if is_final(message):
+                del self._routes[rid]
+                self._seq.pop(rid, None)
+                cleanup.append(("delete", (registry.claim_key(rid),)))
+        if items or cleanup:
+            await bulk_send(self.layer, items, cleanup)
+
+    def _observe(self, message: dict, step_time: float) -> None:
+        outputs = message["outputs"]
+        self.metrics.on_delta(message["rid"], sum(len(o["token_ids"]) for o in outputs), step_time,
+                              message["metrics"], message["finished"], [o["finish_reason"] for o in outputs])
+
+    async def _control(self) -> None:
+        while True:
+            message = await self.layer.receive(self.control_channel)
+            if message.get("type") == "abort":
+                rids = list(message.get("rids", ()))
+                for rid in rids:
+                    self._routes.pop(rid, None)
+                    self._seq.pop(rid, None)
+                    self.metrics.forget(rid)
+                self._on_abort(rids)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(registry.HEARTBEAT_INTERVAL)
+            try:
+                await self._heartbeat_once()
+            except Exception:
+                logger.exception("heartbeat failed")
+
+    async def _heartbeat_once(self) -> None:
+        info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time(),
+                    metrics=self.metrics.snapshot())
+        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))

@@ -1,0 +1,106 @@
+"""Wire format of what workers send back on a request's reply channel, and coalescing.
+
+A *delta* message carries what one engine request produced since the previous message:
+
+``{"type": "delta", "rid": str, "seq": int, "finished": bool, "num_prompt_tokens": int,
+"num_cached_tokens": int, "prompt_logprobs": list | None, "metrics": dict,
+"outputs": [{"index", "text", "token_ids", "logprobs", "finish_reason", "stop_reason"}]}``
+
+``logprobs`` is, per output position, a list of ``[token_id, logprob, rank, decoded_token]``
+(plain lists, so msgpack and JSON carry them unchanged). An *error* message
+``{"type": "error", "rid", "seq", "status", "message", "param"}`` ends the request.
+``seq`` counts the messages of one engine request from 0, so the receiver can check order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference.outputs import RequestOutput
+
+Message = dict[str, Any]
+
+
+def _encode_positions(positions: list[dict] | None) -> list | None:
+    if positions is None:
+        return None
+    return [
+        [[int(tid), float(lp.logprob), lp.rank, lp.decoded_token] for tid, lp in pos.items()]
+        if pos is not None else None
+        for pos in positions
+    ]
+
+
+def encode_output(out: RequestOutput) -> Message:
+    """A delta message (without ``seq``) from one ``RequestOutput`` delta of ``LLMEngine.step``."""
+    return {
+        "type": "delta",
+        "rid": out.request_id,
+        "finished": bool(out.finished),
+        "num_prompt_tokens": len(out.prompt_token_ids or ()),
+        "num_cached_tokens": int(out.num_cached_tokens or 0),
+        "prompt_logprobs": _encode_positions(out.prompt_logprobs),
+        "metrics": dict(out.metrics or {}),
+        "outputs": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "token_ids": list(c.token_ids),
+                "logprobs": _encode_positions(c.logprobs),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in out.outputs
+        ],
+    }
+
+
+def error_message(rid: str, status: int, message: str, param: str | None = None) -> Message:
+    """A message that ends request ``rid`` with an error (HTTP ``status``)."""
+    return {"type": "error", "rid": rid, "status": status, "message": message, "param": param}
+
+
+def merge_outputs(into: list[Message], new: list[Message]) -> None:
+    """Append the per-sample deltas ``new`` onto ``into`` (same request), in place."""
+    by_index = {o["index"]: o for o in into}
+    for o in new:
+        old = by_index.get(o["index"])
+        if old is None:
+            into.append(o)
+            by_index[o["index"]] = o
+            continue
+        old["text"] += o["text"]
+        old["token_ids"].extend(o["token_ids"])
+        if o["logprobs"] is not None:
+            old["logprobs"] = (old["logprobs"] or []) + o["logprobs"]
+        if o["finish_reason"] is not None:
+            old["finish_reason"] = o["finish_reason"]
+            old["stop_reason"] = o["stop_reason"]
+
+
+def coalesce(messages: list[Message]) -> list[Message]:
+    """Merge consecutive messages of the same request into one, keeping request order.
+
+    An error message replaces whatever was pending for its request; nothing of a request
+    after its final message is kept.
+    """
+    merged: dict[str, Message] = {}
+    for m in messages:
+        rid = m["rid"]
+        prev = merged.get(rid)
+        if prev is None or m["type"] == "error":
+            merged[rid] = m
+        elif prev["type"] == "error" or prev["finished"]:
+            continue
+        else:
+            merge_outputs(prev["outputs"], m["outputs"])
+            prev["finished"] = m["finished"]
+            prev["num_cached_tokens"] = m["num_cached_tokens"]
+            prev["metrics"].update(m["metrics"])
+            if prev["prompt_logprobs"] is None:
+                prev["prompt_logprobs"] = m["prompt_logprobs"]
+    return list(merged.values())
+
+
+def is_final(message: Message) -> bool:
+    return message["type"] == "error" or bool(message.get("finished"))

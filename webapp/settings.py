@@ -1,0 +1,112 @@
+"""Django settings; every deployment-specific value comes from :mod:`webapp.env`."""
+from __future__ import annotations
+
+from .env import BASE_DIR, ENV
+
+SECRET_KEY = ENV.secret_key
+DEBUG = ENV.debug
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "tenants",
+    "webapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+ASGI_APPLICATION = "webapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": ENV.db_path,
+        "OPTIONS": {"timeout": 20},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+# Prompts can be long: allow request bodies up to 32 MiB.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
+
+# Channels: one Redis-backed layer. Every reply channel of a web process shares one
+# Redis key, so the capacity must cover all of that process's streams at once.
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [ENV.redis_url], "capacity": 100_000, "expiry": 60},
+    }
+}
+
+# Celery (see webapp/celery.py): the broker is Redis; tasks are handed to an engine.
+CELERY_BROKER_URL = ENV.redis_url
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A worker acknowledges a request only once its engine has taken it, and reserves one
+# message at a time: requests not yet taken stay in Redis for any worker of the model.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A message reserved by a worker that died is put back after this many seconds.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 20,
+    "unacked_restore_interval": 2,
+    "unacked_restore_throttle": 1,
+}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+TESSERA = {
+    "MODEL": ENV.model,
+    "SERVED_MODEL_NAME": ENV.served_model_name,
+    "TOKENIZER": ENV.tokenizer,
+    "CHAT_TEMPLATE": ENV.chat_template,
+    "API_KEY": ENV.api_key,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": ENV.log_level},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
