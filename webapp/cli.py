@@ -28,6 +28,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--swap-space": ("swap_space", {"type": float, "default": 0.0, "help": "CPU swap space per GPU, GiB."}),
     "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1, "help": "GPUs per engine."}),
     "--quantization": ("quantization", {"help": "Weight quantization method."}),
+    "--kv-cache-space": ("kv_cache_space", {"type": float, "default": 4.0,
+                                            "help": "GiB of KV cache when running on CPU."}),
     "--block-size": ("block_size", {"type": int, "default": 16, "help": "Tokens per KV block."}),
     "--seed": ("seed", {"type": int, "default": 0, "help": "Engine random seed."}),
     "--enforce-eager": ("enforce_eager", {"action": "store_true", "help": "Never capture CUDA graphs."}),

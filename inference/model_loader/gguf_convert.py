@@ -102,7 +102,7 @@ def _convert_config(gguf_path: Path, reader, architecture: str) -> PretrainedCon
     config.dtype = torch.float32
     tensor_names = {tensor.name for tensor in reader.tensors}
     config.tie_word_embeddings = "output.weight" not in tensor_names
-    pass
+    config.head_dim = _head_dim(reader, architecture, config.num_attention_heads)
     return config
 
 

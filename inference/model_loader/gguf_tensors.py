@@ -109,7 +109,7 @@ def iter_gguf_tensors(
     """
     from gguf.quants import dequantize
 
-    unpermute = False
+    unpermute = architecture in PERMUTED_ROPE_ARCHITECTURES
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         shape = tuple(int(dim) for dim in reversed(tensor.shape))

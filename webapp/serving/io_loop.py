@@ -54,8 +54,10 @@ class WorkerIO(threading.Thread):
     # ---- thread-safe API -------------------------------------------------------------
     def start_and_wait(self, timeout: float = 30.0) -> None:
         self.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("the worker's I/O thread did not start (is Redis reachable?)")
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.1):
+            if not self.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the worker's I/O thread did not start (is Redis reachable?)")
 
     def add_route(self, request_id: str, reply_channel: str) -> None:
         """Route the outputs of ``request_id`` to ``reply_channel`` (before it is submitted)."""
@@ -137,7 +139,7 @@ class WorkerIO(threading.Thread):
             if is_final(message):
                 del self._routes[rid]
                 self._seq.pop(rid, None)
-                cleanup.append(("delete", (registry.claim_key(rid),)))
+                cleanup.append(("delete", (registry.claim_key(rid),), {}))
         if items or cleanup:
             await bulk_send(self.layer, items, cleanup)
 

@@ -24,11 +24,11 @@ def _next_score() -> float:
 
 
 async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, Any]]],
-                    extra_commands: list[tuple[str, tuple]] | None = None) -> None:
+                    extra_commands: list[tuple[str, tuple, dict]] | None = None) -> None:
     """Send ``(channel, message)`` pairs; messages to one channel arrive in list order.
 
     Must run on the event loop that owns the layer's connections in this thread.
-    ``extra_commands`` (``(method, args)`` on the Redis client) ride in the same pipeline.
+    ``extra_commands`` (``(method, args, kwargs)`` on the Redis client) ride in the same pipeline.
     The layer's per-channel capacity is not checked (the settings size it for all streams).
     """
     by_index: dict[int, dict[bytes | str, dict[bytes, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -49,6 +49,6 @@ async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, A
             pipe.zadd(key, members)
             pipe.expire(key, expiry)
         if index == 0:
-            for method, args in extra_commands or ():
-                getattr(pipe, method)(*args)
+            for method, args, kwargs in extra_commands or ():
+                getattr(pipe, method)(*args, **kwargs)
         await pipe.execute()

@@ -28,13 +28,13 @@ def claim_key(request_id: str) -> str:
     return f"tessera:claim:{request_id}"
 
 
-def heartbeat_commands(worker_id: str, info: dict[str, Any]) -> list[tuple[str, tuple]]:
-    """Redis commands (method, args) of one heartbeat, for a pipeline."""
+def heartbeat_commands(worker_id: str, info: dict[str, Any]) -> list[tuple[str, tuple, dict]]:
+    """Redis commands ``(method, args, kwargs)`` of one heartbeat, for a pipeline."""
     now = time.time()
     return [
-        ("set", (worker_key(worker_id), json.dumps(info), "EX", HEARTBEAT_TTL)),
-        ("zadd", (WORKERS_KEY, {worker_id: now})),
-        ("zremrangebyscore", (WORKERS_KEY, 0, now - 3600)),
+        ("set", (worker_key(worker_id), json.dumps(info)), {"ex": HEARTBEAT_TTL}),
+        ("zadd", (WORKERS_KEY, {worker_id: now}), {}),
+        ("zremrangebyscore", (WORKERS_KEY, 0, now - 3600), {}),
     ]
 
 

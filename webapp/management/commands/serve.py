@@ -1,0 +1,88 @@
+"""``manage.py serve [MODEL] [flags]``: everything needed to serve a model on one machine.
+
+Starts a private redis-server (unless ``REDIS_URL`` is set), ``--data-parallel-size``
+engine workers and Daphne; Ctrl-C (or SIGTERM) stops them all. Flags are vLLM's.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.errors import NotSupportedYetError, TesseraError
+from webapp import launcher
+from webapp.cli import add_engine_arguments, engine_argv, engine_args_from_options
+
+logger = logging.getLogger("tessera.serve")
+
+
+class Command(BaseCommand):
+    help = "Serve a model with an OpenAI-compatible API (Daphne + Celery engine workers + Redis)."
+
+    def add_arguments(self, parser) -> None:
+        add_engine_arguments(parser)
+        parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
+        parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+        parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
+        parser.add_argument("--api-key", help="Require 'Authorization: Bearer <key>' on /v1 endpoints.")
+        parser.add_argument("--log-level", default="info",
+                            choices=["debug", "info", "warning", "error", "critical"])
+        parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                            help="Engine workers to start (each hosts one engine).")
+
+    def handle(self, *args, **options) -> None:
+        engine_args = engine_args_from_options(options)
+        try:  # resolve the model and refuse flags whose feature does not exist yet, before starting anything
+            engine_args.create_engine_config()
+        except NotSupportedYetError as error:
+            raise CommandError(f"not supported yet: {error}") from None
+        except TesseraError as error:
+            raise CommandError(str(error)) from None
+        if options["data_parallel_size"] < 1:
+            raise CommandError("--data-parallel-size must be at least 1.")
+        call_command("migrate", interactive=False, verbosity=0)
+        children: list[launcher.Child] = []
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        try:
+            self._run(options, engine_args, children)
+        except KeyboardInterrupt:
+            self.stdout.write("Stopping...")
+        finally:
+            for child in reversed(children):  # web first, then workers, Redis last
+                child.stop()
+            self.stdout.write("Stopped.")
+
+    def _run(self, options: dict, engine_args, children: list[launcher.Child]) -> None:
+        redis_url = os.environ.get("REDIS_URL")
+        if not redis_url:
+            redis_child, redis_url = launcher.start_redis()
+            children.append(redis_child)
+            self.stdout.write(f"Started a private redis-server at {redis_url}")
+        name = engine_args.served_model_name or engine_args.model
+        env = launcher.child_env(
+            REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
+            TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
+            TESSERA_API_KEY=options["api_key"], TESSERA_LOG_LEVEL=options["log_level"].upper())
+        for _ in range(options["data_parallel_size"]):
+            children.append(launcher.start_worker(engine_argv(engine_args), env))
+        children.append(launcher.start_daphne(options["host"], options["port"], env))
+        host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
+        base_url = f"http://{host}:{options['port']}"
+        try:
+            launcher.wait_until_live(base_url, timeout=600, children=children)
+        except RuntimeError as error:
+            raise CommandError(f"the server did not start: {error}") from None
+        self.stdout.write(self.style.SUCCESS(f"Tessera serves '{name}' at {base_url}/v1 (Ctrl-C stops)"))
+        while True:
+            for child in children:
+                if not child.alive():
+                    raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
+            time.sleep(0.5)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
