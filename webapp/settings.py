@@ -71,7 +71,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [ENV.redis_url], "capacity": 100_000, "expiry": 60},
+        # The layer blocks 5 s in BZPOPMIN; the socket timeout must be longer than that.
+        "CONFIG": {"hosts": [{"address": ENV.redis_url, "socket_timeout": 30}], "capacity": 100_000, "expiry": 60},
     }
 }
 

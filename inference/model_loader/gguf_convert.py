@@ -42,8 +42,9 @@ _PARSE_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, NotImplem
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
     """Write the Hugging Face form of ``gguf_path`` into the existing ``out_dir``.
 
-    Takes seconds to minutes (SmolLM2-135M Q4_1: about 15 s on 2 CPU cores, most of it
-    transformers parsing the 49k-entry vocabulary twice).
+    Takes seconds to minutes (SmolLM2-135M Q4_1: 20-25 s on 2 CPU cores, two thirds of it
+    ``gguf.GGUFReader`` parsing the 49k-entry vocabulary, once for the config and once
+    for the tokenizer inside transformers, once for us).
 
     Raises:
         UnsupportedArchitectureError: the file's architecture is not llama, mistral,

@@ -54,7 +54,7 @@ def resolve_model(model: str, tokenizer: str | None = None) -> ResolvedModel:
     """Resolve ``model`` (and an optional tokenizer directory) to local directories.
 
     A GGUF model (file or packaged) is converted on first use, which takes seconds
-    (about 15 s for SmolLM2-135M on 2 cores); later calls find the cache entry after
+    (20-25 s for SmolLM2-135M on 2 cores); later calls find the cache entry after
     two ``stat`` calls and return in milliseconds.
 
     Args:
@@ -104,6 +104,8 @@ def find_packaged_gguf() -> Path:
 
 
 def _resolve_model_dir(model: str) -> tuple[Path, str]:
+    if not model.strip():
+        raise ModelLoadError(f"No model given; give {ACCEPTED_FORMS}.")
     path = Path(model).expanduser()
     if path.is_dir():
         return _check_hf_dir(path.resolve()), "hf_dir"

@@ -69,15 +69,15 @@ def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     # so a truncated file fails here rather than with SIGBUS on a mapped page.
     try:
         handle = safe_open(str(path), framework="pt", device="cpu")
-        names = list(handle.keys())
     except _READ_ERRORS as exc:
         raise _unreadable(path, exc) from exc
-    for name in names:
-        try:
-            tensor = handle.get_tensor(name)
-        except _READ_ERRORS as exc:
-            raise _unreadable(path, exc) from exc
-        yield name, tensor
+    with handle:
+        for name in list(handle.keys()):
+            try:
+                tensor = handle.get_tensor(name)
+            except _READ_ERRORS as exc:
+                raise _unreadable(path, exc) from exc
+            yield name, tensor
 
 
 def _iter_torch_bin(path: Path) -> Iterator[tuple[str, torch.Tensor]]:

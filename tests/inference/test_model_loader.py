@@ -7,6 +7,7 @@ llama.cpp's Q/K row permutation for Llama) and must come back unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -370,13 +371,8 @@ def test_hf_directory_is_used_in_place(llama_dir):
     assert check_architecture(config) == "LlamaForCausalLM"
     tokenizer = load_tokenizer(resolved.tokenizer_dir)
     assert tokenizer("hello").input_ids == [_TOKENS.index("he"), _TOKENS.index("ll"), _TOKENS.index("o")]
-    with pytest.raises(dataclasses_frozen_error()):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.source = "gguf"
-
-
-def dataclasses_frozen_error():
-    import dataclasses
-    return dataclasses.FrozenInstanceError
 
 
 def test_tokenizer_override(llama_dir, tmp_path):
@@ -468,6 +464,12 @@ def test_unknown_model_lists_the_accepted_forms(name):
     assert info.value.param == "model"
     assert repr(name) in message
     assert "Hugging Face model directory" in message and ".gguf" in message and "SmolLM2-135M-Instruct" in message
+
+
+def test_empty_model_name_is_not_the_current_directory():
+    with pytest.raises(ModelLoadError, match="No model given") as info:
+        resolve_model("  ")
+    assert info.value.param == "model"
 
 
 def test_file_that_is_not_gguf(tmp_path):

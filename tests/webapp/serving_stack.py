@@ -46,6 +46,8 @@ class Stack:
                                             log_path=str(logs_dir / "daphne.log"))
         if num_workers:
             self.wait_live()
+        else:
+            self.wait_web()
 
     def add_worker(self) -> launcher.Child:
         log = self.logs_dir / f"worker{len(self.workers)}.log"
@@ -55,6 +57,18 @@ class Stack:
 
     def wait_live(self, timeout: float = 300) -> None:
         launcher.wait_until_live(self.base_url, timeout, [self.daphne, *[w for w in self.workers if w.alive()]])
+
+    def wait_web(self, timeout: float = 60) -> None:
+        """Wait until Daphne answers (without needing a worker)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if http("GET", self.base_url + "/version", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert self.daphne.alive() and time.monotonic() < deadline, "daphne did not start"
+            time.sleep(0.1)
 
     def worker_infos(self) -> list[dict]:
         """Heartbeat info of the live workers (engine stats included)."""

@@ -129,12 +129,17 @@ def test_multibyte_characters_never_split(stack):
     client = stack.openai()
     base = dict(model=MODEL, messages=[{"role": "user", "content": "Translate to Chinese: I love my family."}],
                 max_tokens=40, temperature=0)
-    full = client.chat.completions.create(**base).choices[0].message.content
-    assert any(ord(ch) > 0x2E80 for ch in full), full  # the answer holds CJK characters (3 bytes in UTF-8)
+    full = client.chat.completions.create(logprobs=True, **base).choices[0]
+    text = full.message.content
+    # Precondition: the answer has CJK characters (3 bytes in UTF-8) made of several tokens,
+    # i.e. tokens that are partial characters on their own.
+    assert any(ord(ch) > 0x2E80 for ch in text), text
+    assert sum(p.token == "\ufffd" for p in full.logprobs.content) >= 2
+    assert "\ufffd" not in text[:-1]  # only a character cut by max_tokens may be incomplete
     _, chunks = _stream_text(client.chat.completions.create(stream=True, **base))
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-    assert "".join(pieces) == full
-    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces[:-1]) and "\ufffd" not in pieces[-1][:-1]
 
 
 def test_tenant_header_selects_tenant(stack):

@@ -7,12 +7,13 @@ import logging
 from typing import Awaitable, Callable
 
 from django.conf import settings
+from redis.exceptions import RedisError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from tenants.services import TenantNotFound, resolve_tenant
 
-from .errors import APIError
+from .errors import APIError, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ def api_view(*methods: str, authenticate: bool = True) -> Callable:
                 return await view(request, tenant, *args, **kwargs)
             except APIError as error:
                 return error.response()
+            except RedisError as error:
+                logger.warning("Redis failed during %s: %s", request.path, error)
+                return unavailable(f"The message broker (Redis) is unavailable: {error}").response()
             except Exception:
                 logger.exception("unexpected error in %s", request.path)
                 return APIError("The server had an internal error.", 500, type="internal_server_error").response()

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from redis.exceptions import RedisError
+
 from inference.errors import InvalidRequestError
 from inference.validation import validate_prompt
 
@@ -106,6 +108,7 @@ class Generation:
                 for _ in self._apply(message):
                     pass
         except WorkerLost as error:
+            await asyncio.shield(self.stream.abort())
             raise unavailable(str(error)) from None
         except BaseException:
             await asyncio.shield(self.stream.abort())
@@ -153,7 +156,7 @@ class Generation:
                 if self.options.include_usage:
                     yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
                                           "model": self.model, "choices": [], "usage": self._usage()})
-        except WorkerLost as error:
+        except (WorkerLost, RedisError) as error:
             yield formatting.sse(unavailable(str(error)).body())
         except BaseException:  # client gone (CancelledError) or a bug: free the engine
             await asyncio.shield(self.stream.abort())

@@ -1,0 +1,68 @@
+"""GET /health, /version, /metrics, /v1/models and vLLM's /tokenize and /detokenize."""
+from __future__ import annotations
+
+import json
+import time
+
+from serving_stack import MODEL, http
+
+
+def test_health_and_version(stack):
+    assert http("GET", stack.base_url + "/health")[0] == 200
+    status, _, body = http("GET", stack.base_url + "/version")
+    assert status == 200 and json.loads(body)["version"]
+
+
+def test_tokenize_detokenize_roundtrip(stack):
+    status, _, body = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": "Hello, world!"})
+    result = json.loads(body)
+    assert status == 200 and result["count"] == len(result["tokens"]) > 1 and result["max_model_len"] == 2048
+    status, _, body = http("POST", stack.base_url + "/detokenize", {"model": MODEL, "tokens": result["tokens"]})
+    assert status == 200 and json.loads(body)["prompt"] == "Hello, world!"
+
+
+def test_tokenize_chat_messages_matches_usage(stack):
+    messages = [{"role": "user", "content": "Name three colors."}]
+    _, _, body = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "messages": messages})
+    count = json.loads(body)["count"]
+    reply = stack.openai().chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert reply.usage.prompt_tokens == count
+
+
+def test_detokenize_rejects_bad_ids(stack):
+    status, _, body = http("POST", stack.base_url + "/detokenize", {"tokens": [10**9]})
+    assert status == 400 and json.loads(body)["error"]["param"] == "tokens"
+
+
+def _metrics(stack) -> str:
+    status, headers, body = http("GET", stack.base_url + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    return body.decode()
+
+
+def _value(text: str, prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_metrics_use_vllm_names(stack):
+    before = _value(_metrics(stack), "vllm:generation_tokens_total")
+    stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
+    deadline = time.monotonic() + 3  # workers publish every heartbeat (0.5 s)
+    while _value(text := _metrics(stack), "vllm:generation_tokens_total") < before + 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    lines = text.splitlines()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:request_time_per_output_token_seconds_bucket"):
+        assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
+    assert _value(text, 'vllm:request_success_total{finished_reason="length"') >= 1
+    assert _value(text, 'vllm:time_to_first_token_seconds_count') >= 1
+    assert _value(text, 'vllm:inter_token_latency_seconds_count') >= 2
+
+
+def test_index_page(stack):
+    status, headers, body = http("GET", stack.base_url + "/")
+    assert status == 200 and b"Tessera" in body

@@ -1,0 +1,122 @@
+"""Every error in OpenAI's envelope, with the right status, never a 500 or an HTML page."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from serving_stack import MODEL, Stack, http
+
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def _error(status_headers_body, status: int) -> dict:
+    got, headers, body = status_headers_body
+    assert got == status, body
+    assert headers["Content-Type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_malformed_json(stack):
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", b"{not json"), 400)
+    assert error["type"] == "invalid_request_error" and "JSON" in error["message"]
+    _error(http("POST", stack.base_url + "/v1/completions", b"[1, 2]"), 400)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", "hot"), ("max_tokens", 1.5), ("n", True), ("stop", [1, 2]), ("stream", "yes"),
+    ("logit_bias", {"x": 1}), ("seed", "1"), ("top_p", 1.5), ("n", 0), ("max_tokens", 0),
+])
+def test_wrong_types_and_ranges_name_the_param(stack, field, value):
+    body = {"model": MODEL, "messages": CHAT, field: value}
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", body), 400)
+    assert error["param"] == field, error
+
+
+def test_missing_messages_and_prompt(stack):
+    assert _error(http("POST", stack.base_url + "/v1/chat/completions", {"model": MODEL}), 400)["param"] == "messages"
+    assert _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL}), 400)["param"] == "prompt"
+
+
+def test_unknown_model_is_404(stack):
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", {"model": "gpt-17", "messages": CHAT}), 404)
+    assert error["code"] == "model_not_found" and "gpt-17" in error["message"]
+
+
+def test_prompt_plus_max_tokens_beyond_context_names_both_numbers(stack):
+    prompt = "hello " * 100
+    error = _error(http("POST", stack.base_url + "/v1/completions",
+                        {"model": MODEL, "prompt": prompt, "max_tokens": 2000}), 400)
+    assert "2048" in error["message"] and "2000" in error["message"] and error["param"] == "max_tokens"
+    error = _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": "hi " * 3000}), 400)
+    assert "2048" in error["message"]
+
+
+def test_stream_options_without_stream(stack):
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions",
+                        {"model": MODEL, "messages": CHAT, "stream_options": {"include_usage": True}}), 400)
+    assert error["param"] == "stream_options"
+
+
+def test_unknown_tenant_is_404(stack):
+    error = _error(http("GET", stack.base_url + "/v1/models", headers={"X-Tenant-ID": "nobody"}), 404)
+    assert "tenant not found" in error["message"]
+
+
+def test_unknown_url_and_wrong_method(stack):
+    _error(http("GET", stack.base_url + "/v1/nothing-here"), 404)
+    _error(http("GET", stack.base_url + "/v1/chat/completions"), 405)
+
+
+def test_not_supported_yet_features_are_refused(stack):
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions",
+                        {"model": MODEL, "messages": CHAT, "priority": 5}), 400)
+    assert error["param"] == "priority" and "not supported yet" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def side_web(stack, tmp_path_factory):
+    """Extra Daphne processes on the shared Redis: a served name no worker serves, a
+    tokenizer without chat template, and an API key."""
+    from inference.model_loader import resolve_model
+
+    tokenizer_dir = tmp_path_factory.mktemp("no-template")
+    for f in resolve_model(MODEL).tokenizer_dir.iterdir():
+        if f.is_file() and f.name != "chat_template.jinja" and not f.name.endswith(".safetensors"):
+            shutil.copy(f, tokenizer_dir / f.name)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    stacks = {
+        "orphan": Stack(tmp_path_factory.mktemp("orphan"), 0, redis_url=stack.redis_url,
+                        TESSERA_SERVED_MODEL_NAME="orphan-model"),
+        "no_template": Stack(tmp_path_factory.mktemp("no-template-web"), 0, redis_url=stack.redis_url,
+                             TESSERA_TOKENIZER=str(tokenizer_dir)),
+        "keyed": Stack(tmp_path_factory.mktemp("keyed"), 0, redis_url=stack.redis_url, TESSERA_API_KEY="s3cret"),
+    }
+    yield stacks
+    for s in stacks.values():
+        s.stop()
+
+
+def test_no_live_worker_is_503(side_web):
+    s = side_web["orphan"]
+    error = _error(http("POST", s.base_url + "/v1/chat/completions", {"model": "orphan-model", "messages": CHAT}), 503)
+    assert "orphan-model" in error["message"]
+
+
+def test_chat_without_template_names_the_option(side_web):
+    s = side_web["no_template"]
+    error = _error(http("POST", s.base_url + "/v1/chat/completions", {"model": MODEL, "messages": CHAT}), 400)
+    assert "--chat-template" in error["message"]
+
+
+def test_api_key(side_web):
+    s = side_web["keyed"]
+    error = _error(http("GET", s.base_url + "/v1/models"), 401)
+    assert error["code"] == "invalid_api_key"
+    status, _, body = http("GET", s.base_url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
+    assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL

@@ -1,0 +1,54 @@
+"""A worker killed mid-request: its clients get an error within 10 s, and the server answers
+again once a worker is back."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from raw_http import open_stream, read_events
+from serving_stack import MODEL, Stack, http
+
+LONG = {"model": MODEL, "prompt": "Tell me everything about the sea.", "max_tokens": 1500, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("failure"))
+    yield s
+    s.stop()
+
+
+def test_killed_worker_gives_errors_not_hangs_then_recovers(own_stack):
+    s = own_stack
+
+    async def run() -> tuple[float, list[str], float, tuple]:
+        reader, writer, status = await open_stream(s.base_url, "/v1/completions", dict(LONG, stream=True))
+        assert status == 200 and len(await read_events(reader, limit=3)) == 3
+        non_stream = asyncio.ensure_future(asyncio.to_thread(
+            http, "POST", s.base_url + "/v1/completions", LONG, None, 60))
+        await asyncio.sleep(1.0)  # both requests are in the engine now
+        s.workers[0].kill()
+        killed = time.monotonic()
+        events = await asyncio.wait_for(read_events(reader), 15)
+        stream_error_after = time.monotonic() - killed
+        result = await asyncio.wait_for(non_stream, 15)
+        return stream_error_after, events, time.monotonic() - killed, result
+
+    stream_after, events, non_stream_after, (status, _, body) = asyncio.run(run())
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "service_unavailable" and "retry" in error["message"]
+    assert stream_after < 10, stream_after
+    assert status == 503 and "error" in json.loads(body) and non_stream_after < 10
+
+    # No worker at all: an immediate 503, and /health says so.
+    assert http("GET", s.base_url + "/health")[0] == 503
+    assert http("POST", s.base_url + "/v1/completions", dict(LONG, max_tokens=2))[0] == 503
+
+    s.add_worker()
+    s.wait_live()
+    reply = s.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+    assert reply.usage.completion_tokens == 4
