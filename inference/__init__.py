@@ -2,11 +2,15 @@
 
 This package never imports Django; the web application drives it through ``LLMEngine``.
 """
-from .engine import EngineArgs, EngineStats, LLMEngine
-from .errors import InvalidRequestError, ModelLoadError, NotSupportedYetError, UnsupportedArchitectureError
-from .llm import LLM
-from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sampling_params import SamplingParams
+from .logger import configure_default_logging
+
+configure_default_logging()
+
+from .engine import EngineArgs, EngineStats, LLMEngine  # noqa: E402
+from .errors import InvalidRequestError, ModelLoadError, NotSupportedYetError, UnsupportedArchitectureError  # noqa: E402
+from .llm import LLM  # noqa: E402
+from .outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from .sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "LLMEngine", "EngineArgs", "EngineStats", "SamplingParams", "RequestOutput",
            "CompletionOutput", "Logprob", "InvalidRequestError", "ModelLoadError", "NotSupportedYetError",

@@ -71,8 +71,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # The layer blocks 5 s in BZPOPMIN; the socket timeout must be longer than that.
-        "CONFIG": {"hosts": [{"address": ENV.redis_url, "socket_timeout": 30}], "capacity": 100_000, "expiry": 60},
+        # The layer blocks 5 s in BZPOPMIN, so the socket timeout must be longer; and it
+        # cleans up after every received message on a connection of its own, so hundreds
+        # of streams need more than redis-py's default 100 connections.
+        "CONFIG": {"hosts": [{"address": ENV.redis_url, "socket_timeout": 30, "max_connections": 10_000}],
+                   "capacity": 100_000, "expiry": 60},
     }
 }
 

@@ -18,7 +18,7 @@ def test_200_concurrent_streams_deliver_every_token_once_in_order(stack):
 
     # Reference: all prompts in one non-streamed batch request.
     status, _, raw = http("POST", stack.base_url + "/v1/completions", dict(body, prompt=prompts), timeout=300)
-    assert status == 200
+    assert status == 200, raw
     reference = {c["index"]: c["text"] for c in json.loads(raw)["choices"]}
     assert len(reference) == NUM_STREAMS
 

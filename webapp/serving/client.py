@@ -34,7 +34,8 @@ def get_redis() -> aioredis.Redis:
     loop = asyncio.get_running_loop()
     client = _redis_by_loop.get(id(loop))
     if client is None:
-        client = _redis_by_loop[id(loop)] = aioredis.Redis.from_url(settings.CELERY_BROKER_URL)
+        pool = aioredis.BlockingConnectionPool.from_url(settings.CELERY_BROKER_URL, max_connections=64, timeout=10)
+        client = _redis_by_loop[id(loop)] = aioredis.Redis(connection_pool=pool)
     return client
 
 
@@ -149,13 +150,15 @@ def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
 
 
 _WORKERS_CACHE_SECONDS = 0.25
-_workers_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+_workers_cache: dict[tuple[int, str], tuple[float, asyncio.Future]] = {}
 
 
 async def model_workers(model: str) -> list[dict[str, Any]]:
-    """Live workers of ``model`` (cached for a quarter of a second per process)."""
+    """Live workers of ``model``, read from Redis at most every quarter of a second per
+    process (concurrent callers share one read)."""
     now = time.monotonic()
-    hit = _workers_cache.get(model)
-    if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS:
-        hit = _workers_cache[model] = (now, await registry.live_workers(get_redis(), model))
-    return hit[1]
+    key = (id(asyncio.get_running_loop()), model)
+    hit = _workers_cache.get(key)
+    if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS or (hit[1].done() and hit[1].exception()):
+        hit = _workers_cache[key] = (now, asyncio.ensure_future(registry.live_workers(get_redis(), model)))
+    return await asyncio.shield(hit[1])

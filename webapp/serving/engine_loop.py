@@ -62,7 +62,7 @@ class EngineLoop(threading.Thread):
         self._slots = threading.Semaphore(max_num_seqs)
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self.stats = engine.get_stats()
         self.failed: BaseException | None = None
         self.num_steps = 0
@@ -85,16 +85,16 @@ class EngineLoop(threading.Thread):
 
     def stop(self) -> None:
         """Abort everything and end the loop (returns at once; join the thread to wait)."""
-        self._stop.set()
+        self._stopping.set()
         self._inbox.put(("stop", None))
 
     # ---- the loop ---------------------------------------------------------------
     def run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
                 self._drain_inbox(block=not busy)
-                if self._stop.is_set():
+                if self._stopping.is_set():
                     break
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()

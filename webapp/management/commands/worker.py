@@ -33,6 +33,8 @@ class Command(BaseCommand):
         engine_args = engine_args_from_options(options)
         name = engine_args.served_model_name or engine_args.model
         logging.getLogger().setLevel(options["log_level"].upper())
+        for logger_name in ("celery.app.trace", "celery.worker.strategy"):  # two lines per request otherwise
+            logging.getLogger(logger_name).setLevel(max(logging.WARNING, logging.getLogger().level))
         try:
             engine = LLMEngine.from_engine_args(engine_args)
         except TesseraError as error:

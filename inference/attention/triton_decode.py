@@ -1,0 +1,202 @@
+"""Triton paged decode attention: one query token per request, split over the KV length.
+
+Flash-decoding (Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", 2023):
+each program computes an online-softmax partial result (Milakov & Gimelshein, 2018) over one
+slice of a request's context, and a second kernel merges the slices with their log-sum-exps.
+Keys and values are read through the block table of the paged cache (Kwon et al., SOSP 2023);
+each program loads a K/V tile once and serves all ``Hq / Hk`` query heads of its group
+(grouped-query attention, Ainslie et al., 2023), so K/V are never repeated per query head.
+
+Importing this module imports Triton; the CPU engine never imports it (see ``triton_ops``).
+Reference and CPU path: ``torch_ref._decode`` (``paged_decode_attention_ref`` in ``triton_ops``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_BLOCK_N = 64          # keys per inner iteration (may span several cache blocks)
+_MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,                      # [B, Hq, D] model dtype, any strides
+    k_cache_ptr, v_cache_ptr,   # [num_blocks, block_size, Hk, D] model dtype: kv_cache[0], kv_cache[1]
+    block_tables_ptr,           # [B, max_blocks] int32 physical block ids (unused tail arbitrary)
+    seq_lens_ptr,               # [B] int32 tokens in the cache for each request, new token included; 0 = padding
+    out_ptr,                    # NUM_SPLITS == 1: [B, Hq, D] model dtype (final output)
+    part_out_ptr,               # NUM_SPLITS > 1: [B, Hq, NUM_SPLITS, D] float32, contiguous; normalised slice output
+    part_lse_ptr,               # NUM_SPLITS > 1: [B, Hq, NUM_SPLITS] float32, contiguous; slice log2-sum-exp2
+    qk_scale,                   # softmax scale * log2(e)
+    stride_qb, stride_qh, stride_qd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_btb, stride_ob, stride_oh, stride_od,
+    group_size, head_dim, block_size,
+    NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Program (request b, kv head h, slice s): query heads h*G .. h*G+G-1 over keys [start, end).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = h * group_size + offs_g
+    gd_mask = (offs_g[:, None] < group_size) & (offs_d[None, :] < head_dim)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=gd_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_tables_ptr + b.to(tl.int64) * stride_btb
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        blocks = tl.load(table + pos // block_size, mask=n_mask, other=0).to(tl.int64)
+        kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
+                  + h * stride_ch + offs_d[None, :] * stride_cd)
+        nd_mask = n_mask[:, None] & (offs_d[None, :] < head_dim)
+        k = tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    # An empty slice (or a zero-length padding request) leaves l_i = 0: output zeros, lse = -inf.
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    result = acc / safe_l[:, None]
+    if NUM_SPLITS == 1:
+        dst = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=gd_mask)
+    else:
+        row = (b.to(tl.int64) * tl.num_programs(1) * group_size + heads) * NUM_SPLITS + s  # [BLOCK_G]
+        tl.store(part_out_ptr + row[:, None] * BLOCK_D + offs_d[None, :], result, mask=gd_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=offs_g < group_size)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,   # [B, Hq, NUM_SPLITS, BLOCK_D] float32, contiguous
+    part_lse_ptr,   # [B, Hq, NUM_SPLITS] float32, contiguous; -inf for empty slices
+    out_ptr,        # [B, Hq, D] model dtype, any strides
+    stride_ob, stride_oh, stride_od,
+    num_heads, head_dim,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Program (request b, query head hq): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    row = (b.to(tl.int64) * num_heads + hq) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all slices empty: weights all 0
+    w = tl.exp2(lse - lse_max)
+    parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=(offs_s[:, None] < NUM_SPLITS) & (offs_d[None, :] < head_dim), other=0.0)
+    total = tl.sum(w, 0)
+    result = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    dst = out_ptr + b.to(tl.int64) * stride_ob + hq * stride_oh + offs_d * stride_od
+    tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Slices per request so that ``B * Hk * splits`` fills about two waves of the GPU's SMs.
+
+    No slice is shorter than ``_MIN_SPLIT_TOKENS`` tokens; at most 64 slices. Host-only arithmetic.
+    """
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _NUM_SMS:
+            _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        num_sms = _NUM_SMS[index]
+    else:
+        num_sms = 8  # interpreter: any small number exercises the split path
+    programs = max(batch_size * num_kv_heads, 1)
+    wanted = math.ceil(2 * num_sms / programs)
+    return max(1, min(wanted, math.ceil(max_seq_len / _MIN_SPLIT_TOKENS), 64))
+
+
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                           max_seq_len: int | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one new query token per request over its paged context (new token's K/V already stored).
+
+    Args:
+        q: ``[B, Hq, D]`` fp16/bf16/fp32, any strides.
+        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype, ``Hq % Hk == 0``.
+        block_tables: ``[B, max_blocks]`` int32 physical block ids (padding entries are never read).
+        seq_lens: ``[B]`` int32 context length in tokens including the new token; 0 marks a padding
+            row, whose output is zeros.
+        scale: softmax scale, usually ``D ** -0.5``.
+        out: optional ``[B, Hq, D]`` output buffer, dtype of ``q``.
+        max_seq_len: an upper bound on ``seq_lens`` (tokens); defaults to ``max_blocks * block_size``
+            so that no device-to-host copy is needed.
+        num_splits: slices per request; default from :func:`choose_num_splits`.
+    Returns:
+        ``[B, Hq, D]``, dtype of ``q``; softmax and accumulation in float32.
+    Raises:
+        ValueError: on mismatched shapes or dtypes.
+    """
+    batch_size, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads or kv_cache.dtype != q.dtype:
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype} does not fit kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype}")
+    if block_tables.shape[0] != batch_size or seq_lens.shape != (batch_size,):
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} "
+                         f"do not match batch size {batch_size}")
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError("block_tables and seq_lens must be int32")
+    if out is None:
+        out = torch.empty_like(q)
+    if batch_size == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(batch_size, num_kv_heads, max_seq_len, q.device)
+    group_size = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_out = torch.empty(batch_size, num_heads, num_splits, block_d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch_size, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E,
+        *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
+        group_size, head_dim, block_size,
+        NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=_BLOCK_N,
+        BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch_size, num_heads)](
+            part_out, part_lse, out, *out.stride(), num_heads, head_dim,
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
