@@ -39,7 +39,7 @@ class FusedLinear(nn.Linear):
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config, arch: str, max_position: int) -> None:
+    def __init__(self, config, arch: str, rotary: RotaryEmbedding) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
@@ -56,7 +56,7 @@ class DecoderAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, self.head_dim, max_position)
+        self.rotary = rotary  # shared by all layers
         self.scale = self.head_dim ** -0.5
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
@@ -86,9 +86,9 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, arch: str, max_position: int) -> None:
+    def __init__(self, config, arch: str, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, arch, max_position)
+        self.self_attn = DecoderAttention(config, arch, rotary)
         self.mlp = GatedMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -107,8 +107,12 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, config, arch: str, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, arch, max_position)
+        # _weight skips the random init (the weights are loaded right after construction).
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.rotary_emb = RotaryEmbedding(config, head_dim, max_position)
+        self.layers = nn.ModuleList(DecoderLayer(config, arch, self.rotary_emb)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

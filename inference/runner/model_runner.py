@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig
@@ -38,10 +39,18 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.num_blocks = num_kv_blocks or self._profile_num_blocks()
-        self.kv_caches = [torch.zeros(2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-                                      dtype=config.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.kv_caches = [self._zeros((2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim))
+                          for _ in range(self.num_layers)]
         self.sampler = Sampler()
         self._log_memory()
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """A zeroed KV tensor. On CPU it comes from calloc (numpy), whose large allocations are
+        zero pages mapped lazily, so a multi-GiB pool costs nothing until blocks are written."""
+        if self.device != "cpu" or self.config.dtype == torch.bfloat16:
+            return torch.zeros(shape, dtype=self.config.dtype, device=self.device)
+        np_dtype = {torch.float32: np.float32, torch.float16: np.float16}[self.config.dtype]
+        return torch.from_numpy(np.zeros(shape, dtype=np_dtype))
 
     @property
     def bytes_per_block(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_stack import MODEL, Stack
+from tests.webapp.serving_stack import MODEL, Stack
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from serving_stack import MODEL, http
+from tests.webapp.serving_stack import MODEL, http
 
 
 def test_health_and_version(stack):

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from serving_stack import MODEL, Stack, http
+from tests.webapp.serving_stack import MODEL, Stack, http
 
 CHAT = [{"role": "user", "content": "Hi"}]
 

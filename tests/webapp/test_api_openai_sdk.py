@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_stack import MODEL, http, sse_events
+from tests.webapp.serving_stack import MODEL, http, sse_events
 import json
 
 CHAT = [{"role": "user", "content": "Name three colors."}]

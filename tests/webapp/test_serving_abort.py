@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from raw_http import open_stream, read_events
-from serving_stack import MODEL
+from tests.webapp.raw_http import open_stream, read_events
+from tests.webapp.serving_stack import MODEL
 
 LONG = {"model": MODEL, "prompt": "Write a long story about a dragon.", "max_tokens": 1500, "ignore_eos": True,
         "temperature": 0}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from raw_http import stream
-from serving_stack import MODEL, http
+from tests.webapp.raw_http import stream
+from tests.webapp.serving_stack import MODEL, http
 
 NUM_STREAMS = 200
 MAX_TOKENS = 16

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from raw_http import open_stream, read_events
-from serving_stack import MODEL, Stack, http
+from tests.webapp.raw_http import open_stream, read_events
+from tests.webapp.serving_stack import MODEL, Stack, http
 
 LONG = {"model": MODEL, "prompt": "Tell me everything about the sea.", "max_tokens": 1500, "ignore_eos": True}
 

@@ -1,0 +1,211 @@
+"""Fused Triton versions of the element-wise layers in ``layers.py``: RMSNorm, rotary, SwiGLU.
+
+Each kernel reads its inputs once and writes its outputs once (the PyTorch versions launch
+several kernels with float32 temporaries). References, CPU path and test oracles:
+``layers.RMSNorm``, ``layers.RotaryEmbedding`` and ``layers.silu_and_mul``.
+
+Importing this module imports Triton; the CPU engine never imports it (the model imports it
+lazily, only when it selects the Triton backend).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,          # [N, H] input dtype, row stride stride_x, unit column stride
+    residual_ptr,   # [N, H] input dtype, row stride stride_r (read only when HAS_RESIDUAL)
+    weight_ptr,     # [H] weight dtype, contiguous
+    out_ptr,        # [N, H] result dtype of (weight, x), contiguous
+    new_residual_ptr,  # [N, H] input dtype, contiguous (written only when HAS_RESIDUAL)
+    stride_x, stride_r, hidden_size, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # One program per row: s = x (+ residual, rounded to the input dtype); out = w * (s * rsqrt(mean(s^2) + eps)).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden_size
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(new_residual_ptr + row * hidden_size + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 0) / hidden_size + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # as RMSNorm: back to the input dtype, then * weight
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * hidden_size + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``[..., H] -> [N, H]`` with a unit column stride (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight {tuple(weight.shape)} does not match hidden size {hidden}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
+    x2 = _rows(x)
+    r2 = _rows(residual) if residual is not None else x2
+    out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
+    new_residual = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    if x2.shape[0]:
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight.contiguous(), out, new_residual if new_residual is not None else out,
+            x2.stride(0), r2.stride(0), hidden, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(max(block // 256, 1), 16))
+    return out, new_residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Fused RMSNorm (Zhang & Sennrich, 2019), same semantics as ``layers.RMSNorm`` without residual.
+
+    Args:
+        x: ``[..., H]`` fp16/bf16/fp32 (any leading shape; copied only if rows cannot be viewed).
+        weight: ``[H]``.
+        eps: added to the mean square.
+    Returns:
+        ``[..., H]`` contiguous, dtype ``torch.result_type(weight, x)``; math in float32, the
+        normalised value rounded to ``x.dtype`` before the weight multiplies it.
+    Raises:
+        ValueError: if ``weight`` does not match ``H``.
+    """
+    return _launch_rms_norm(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``RMSNorm(x, residual)``: the residual add and the norm in one pass.
+
+    Args:
+        x, residual: ``[..., H]``, same shape and dtype.
+        weight: ``[H]``; eps: added to the mean square.
+    Returns:
+        ``(normed, new_residual)`` with ``new_residual = x + residual`` (in ``x.dtype``) and
+        ``normed = rms_norm(new_residual)``; new contiguous tensors, inputs untouched.
+    Raises:
+        ValueError: on mismatched shapes or dtypes.
+    """
+    out, new_residual = _launch_rms_norm(x, residual, weight, eps)
+    return out, new_residual
+
+
+@triton.jit
+def _rotary_kernel(
+    positions_ptr,   # [T] int64 token positions
+    q_ptr,           # [T, Hq, D] any strides, rotated in place
+    k_ptr,           # [T, Hk, D] any strides, rotated in place
+    cos_ptr, sin_ptr,  # [max_position, D] float32, row stride stride_cos / stride_sin, unit column stride
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_cos, stride_sin,
+    num_q_heads, num_k_heads, half_dim,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # One program per token: x = [x1, x2] -> [x1*c1 - x2*s1, x2*c2 + x1*s2] (rotate-half layout).
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cols = tl.arange(0, BLOCK_HALF)
+    c_mask = cols < half_dim
+    dtype = q_ptr.dtype.element_ty
+    # As RotaryEmbedding: the float32 table is cast to the model dtype before use.
+    c1 = tl.load(cos_ptr + pos * stride_cos + cols, mask=c_mask, other=0.0).to(dtype).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_cos + half_dim + cols, mask=c_mask, other=0.0).to(dtype).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_sin + cols, mask=c_mask, other=0.0).to(dtype).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_sin + half_dim + cols, mask=c_mask, other=0.0).to(dtype).to(tl.float32)
+
+    hq = tl.arange(0, BLOCK_HQ)
+    mask = (hq[:, None] < num_q_heads) & c_mask[None, :]
+    base = q_ptr + token * stride_qt + hq[:, None] * stride_qh + cols[None, :] * stride_qd
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + half_dim * stride_qd, mask=mask, other=0.0).to(tl.float32)
+    tl.store(base, (x1 * c1[None, :] - x2 * s1[None, :]).to(dtype), mask=mask)
+    tl.store(base + half_dim * stride_qd, (x2 * c2[None, :] + x1 * s2[None, :]).to(dtype), mask=mask)
+
+    hk = tl.arange(0, BLOCK_HK)
+    mask = (hk[:, None] < num_k_heads) & c_mask[None, :]
+    base = k_ptr + token * stride_kt + hk[:, None] * stride_kh + cols[None, :] * stride_kd
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + half_dim * stride_kd, mask=mask, other=0.0).to(tl.float32)
+    tl.store(base, (x1 * c1[None, :] - x2 * s1[None, :]).to(dtype), mask=mask)
+    tl.store(base + half_dim * stride_kd, (x2 * c2[None, :] + x1 * s2[None, :]).to(dtype), mask=mask)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding (Su et al., RoFormer, 2021), rotate-half / GPT-NeoX layout, in place.
+
+    Same result as ``layers.RotaryEmbedding.forward`` up to rounding: the products are summed in
+    float32 and rounded once, where the reference rounds each product to the model dtype.
+
+    Args:
+        positions: ``[T]`` int64 token positions, each ``< max_position``.
+        q: ``[T, Hq, D]``, k: ``[T, Hk, D]``, same dtype, any strides (views of a fused QKV output
+            are fine); both are overwritten.
+        cos, sin: ``[max_position, D]`` float32 tables (``RotaryEmbedding.cos`` / ``.sin``).
+    Returns:
+        ``(q, k)``, the same tensors, rotated.
+    Raises:
+        ValueError: on mismatched shapes or dtypes, or an odd ``D``.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    if k.shape[0] != num_tokens or k.shape[2] != head_dim or k.dtype != q.dtype or head_dim % 2:
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} do not match")
+    if cos.shape != sin.shape or cos.shape[1] != head_dim or cos.stride(1) != 1 or sin.stride(1) != 1:
+        raise ValueError(f"cos/sin tables {tuple(cos.shape)}/{tuple(sin.shape)} must be [max_position, {head_dim}]")
+    if positions.shape != (num_tokens,):
+        raise ValueError(f"positions {tuple(positions.shape)} must be [{num_tokens}]")
+    if num_tokens:
+        _rotary_kernel[(num_tokens,)](
+            positions, q, k, cos, sin, *q.stride(), *k.stride(), cos.stride(0), sin.stride(0),
+            num_q_heads, k.shape[1], head_dim // 2,
+            BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+            BLOCK_HALF=triton.next_power_of_2(head_dim // 2), num_warps=4)
+    return q, k
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr,      # [T, 2I] input dtype, row stride stride_x, unit column stride: [gate | up]
+    out_ptr,    # [T, I] input dtype, contiguous
+    stride_x, inter_size,
+    BLOCK: tl.constexpr,
+):
+    # Program (token, column tile): out = silu(gate) * up, silu rounded to the input dtype as F.silu does.
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter_size
+    gate = tl.load(x_ptr + token * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + token * stride_x + inter_size + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + token * inter_size + cols, (act * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Fused SwiGLU activation (Shazeer, 2020), as ``layers.silu_and_mul``: ``[T, 2I] -> [T, I]``.
+
+    Args:
+        x: ``[T, 2I]`` fp16/bf16/fp32, ``[gate | up]`` along the last dimension, unit column stride.
+    Returns:
+        ``silu(gate) * up``, ``[T, I]`` contiguous, dtype of ``x``; math in float32.
+    Raises:
+        ValueError: if the last dimension is odd.
+    """
+    if x.shape[-1] % 2:
+        raise ValueError(f"last dimension {x.shape[-1]} is not even")
+    x2 = _rows(x)
+    inter = x.shape[-1] // 2
+    out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        block = min(triton.next_power_of_2(inter), 1024)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](x2, out, x2.stride(0), inter, BLOCK=block,
+                                                                        num_warps=4)
+    return out

@@ -1,0 +1,312 @@
+"""Triton kernels against their pure-PyTorch references.
+
+Without a CUDA device the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set here
+before Triton is imported) on small CPU shapes; with one they run compiled on the GPU, on the
+same shapes plus GPU-sized ones. Skipped when Triton is not installed.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from inference.attention.triton_ops import (  # noqa: E402
+    paged_decode_attention, paged_decode_attention_ref, paged_prefill_attention, paged_prefill_attention_ref,
+    store_kv_cache, store_kv_cache_ref)
+from inference.models import triton_layers  # noqa: E402
+from inference.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Attention tolerances: probabilities are rounded to the model dtype before P @ V (as FlashAttention does).
+ATTN_TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=3e-3, rtol=3e-3),
+            torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="GPU-sized shape, too slow for the interpreter")
+
+
+def _fix_interpreter() -> None:
+    """Work around three bugs of Triton 3.6's interpreter (CPU only; compiled kernels are unaffected).
+
+    1. Loop bounds read from memory are 1-element arrays, which ``int()`` rejects from NumPy 2.4
+       on (triton-lang/triton#9171, fixed upstream by #9172).
+    2. ``tl.dot`` multiplies bfloat16 operands as their raw uint16 storage; convert them to float32.
+    3. float32 -> bfloat16 casts truncate; the GPU (and PyTorch) round to nearest even.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_tessera_fixed", False):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def to_f32(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, to_f32(a), to_f32(b), d, input_precision, max_num_imprecise_acc)
+
+    cast_impl, fp_to_fp = interpreter.InterpreterBuilder.cast_impl, interpreter.InterpreterBuilder.create_fp_to_fp
+
+    def to_bf16_rtne(src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return None
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # finite inputs only
+        return interpreter.TensorHandle(rounded, tl.bfloat16)
+
+    def patched_cast(self, src, dst_type):
+        rounded = to_bf16_rtne(src, dst_type)
+        return cast_impl(self, src, dst_type) if rounded is None else rounded
+
+    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
+        rounded = to_bf16_rtne(src, dst_type)
+        return fp_to_fp(self, src, dst_type, rounding_mode) if rounded is None else rounded
+
+    interpreter._patch_lang_tensor = patched_tensor
+    interpreter.InterpreterBuilder.create_dot = patched_dot
+    interpreter.InterpreterBuilder.cast_impl = patched_cast
+    interpreter.InterpreterBuilder.create_fp_to_fp = patched_fp_to_fp
+    interpreter._tessera_fixed = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _fix_interpreter()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _paged_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype) -> torch.Tensor:
+    return torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=DEVICE)
+
+
+def _block_tables(lengths: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
+    """Disjoint, shuffled block ids per request; padding entries point at block 0 (valid, never used)."""
+    needed = [triton.cdiv(n, block_size) for n in lengths]
+    ids = torch.randperm(num_blocks)[:sum(needed)].tolist()
+    table = torch.zeros(len(lengths), max(max(needed), 1), dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(needed):
+        table[i, :n] = torch.tensor(ids[start:start + n], dtype=torch.int32)
+        start += n
+    return table.to(DEVICE)
+
+
+def _slots(table: torch.Tensor, start: int, end: int, block_size: int) -> torch.Tensor:
+    """Flat cache slots of a request's token positions ``[start, end)``."""
+    pos = torch.arange(start, end, device=DEVICE)
+    return table[pos // block_size].long() * block_size + pos % block_size
+
+
+# --- KV-cache store -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (4, 128, 32), (3, 80, 16)])
+def test_store_kv_cache_matches_reference_and_skips_padding(dtype, num_kv_heads, head_dim, block_size):
+    num_tokens, num_blocks = 23, 8
+    # k, v as views of a fused QKV projection output (non-contiguous rows), as the model produces them.
+    qkv = torch.randn(num_tokens, 3 * num_kv_heads * head_dim, dtype=dtype, device=DEVICE)
+    k = qkv[:, num_kv_heads * head_dim:2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    v = qkv[:, 2 * num_kv_heads * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:num_tokens]
+    slots[[3, 11]] = -1  # CUDA-graph padding rows
+    cache = _paged_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype)
+    before, expected = cache.clone(), cache.clone()
+    store_kv_cache(k, v, cache, slots)
+    store_kv_cache_ref(k, v, expected, slots)
+    assert torch.equal(cache, expected)
+    written = (cache != before).flatten(3).any(-1).any(0).flatten().nonzero().flatten()
+    assert sorted(written.tolist()) == sorted(slots[slots >= 0].tolist())  # exactly the non-padding slots
+
+
+# --- Decode -------------------------------------------------------------------------------------
+
+DECODE_CASES = [
+    # Hq, Hk, D, block_size, seq_lens (0 = CUDA-graph padding row), num_splits (None = heuristic)
+    (9, 3, 64, 16, [1, 17, 50, 0], None),
+    (14, 2, 64, 32, [33, 95, 64], 1),
+    (8, 8, 128, 16, [40, 0, 130], 3),
+    (28, 4, 128, 16, [300, 7], None),
+    (4, 2, 96, 32, [65, 3], 4),
+    pytest.param(28, 4, 128, 16, torch.randint(1, 4096, (64,), generator=torch.Generator().manual_seed(1)).tolist(),
+                 None, marks=gpu_only, id="qwen7b-64x4096"),
+    pytest.param(32, 8, 128, 16, [2048] * 7 + [0], 1, marks=gpu_only, id="llama8b-unsplit"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,seq_lens,num_splits", DECODE_CASES)
+def test_paged_decode_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size, seq_lens, num_splits):
+    table = _block_tables(seq_lens, block_size, num_blocks=sum(triton.cdiv(n, block_size) for n in seq_lens) + 3)
+    cache = _paged_cache(int(table.max()) + 4, block_size, num_kv_heads, head_dim, dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, dtype=dtype, device=DEVICE)
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    result = paged_decode_attention(q, cache, table, lens, scale, out=out, num_splits=num_splits)
+    assert result is out
+    expected = paged_decode_attention_ref(q, cache, table, lens, scale)
+    torch.testing.assert_close(out.float(), expected.float(), **ATTN_TOL[dtype])
+    padded = lens == 0
+    assert torch.equal(out[padded], torch.zeros_like(out[padded]))
+
+
+def test_paged_decode_splits_agree():
+    """The split count changes only rounding: one slice and many slices give the same answer."""
+    seq_lens, block_size = [700, 129, 0, 1], 16
+    table = _block_tables(seq_lens, block_size, num_blocks=64)
+    cache = _paged_cache(64, block_size, 2, 64, torch.float32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(4, 4, 64, device=DEVICE)
+    one = paged_decode_attention(q, cache, table, lens, 0.125, num_splits=1)
+    many = paged_decode_attention(q, cache, table, lens, 0.125, num_splits=5)
+    torch.testing.assert_close(one, many, atol=1e-5, rtol=1e-5)
+    assert not torch.isnan(many).any()
+
+
+# --- Prefill (mixed with decode rows) -----------------------------------------------------------
+
+PREFILL_CASES = [
+    # Hq, Hk, D, block_size
+    (9, 3, 64, 16),
+    (14, 2, 64, 32),
+    (28, 4, 128, 16),
+    (8, 8, 128, 32),
+]
+# (context_len, query_len): fresh prompts, chunks after a prefix hit / earlier chunks (context lengths
+# not multiples of the block size), a one-token prompt, and decode rows.
+MIXED_BATCH = [(0, 37), (45, 20), (31, 1), (0, 1), (64, 1), (17, 33)]
+GPU_BATCH = [(0, 1024), (512, 512), (1000, 300)] + [
+    (n, 1) for n in torch.randint(1, 3000, (40,), generator=torch.Generator().manual_seed(2)).tolist()]
+
+
+def _run_prefill(dtype, num_heads, num_kv_heads, head_dim, block_size, batch, store_new_tokens: bool):
+    totals = [c + n for c, n in batch]
+    table = _block_tables(totals, block_size, num_blocks=sum(triton.cdiv(t, block_size) for t in totals) + 2)
+    cache = _paged_cache(int(table.max()) + 2, block_size, num_kv_heads, head_dim, dtype)
+    num_tokens = sum(n for _, n in batch)
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(num_tokens, width, dtype=dtype, device=DEVICE)  # fused projection output
+    q = qkv[:, :num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    slots = torch.cat([_slots(table[i], c, c + n, block_size) for i, (c, n) in enumerate(batch)])
+    cu = torch.tensor([0] + torch.tensor([n for _, n in batch]).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    contexts = torch.tensor([c for c, _ in batch], dtype=torch.int32, device=DEVICE)
+    max_query_len, scale = max(n for _, n in batch), head_dim ** -0.5
+    if store_new_tokens:
+        store_kv_cache(k, v, cache, slots)
+    out = paged_prefill_attention(q, k, v, cache, cu, contexts, table, max_query_len, scale)
+    if not store_new_tokens:
+        store_kv_cache(k, v, cache, slots)  # the reference reads them from the cache
+    expected = paged_prefill_attention_ref(q, k, v, cache, cu, contexts, table, max_query_len, scale)
+    return out, expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", PREFILL_CASES)
+def test_paged_prefill_mixed_batch_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size):
+    out, expected = _run_prefill(dtype, num_heads, num_kv_heads, head_dim, block_size, MIXED_BATCH, True)
+    torch.testing.assert_close(out.float(), expected.float(), **ATTN_TOL[dtype])
+
+
+def test_paged_prefill_reads_new_tokens_from_k_v_not_the_cache():
+    out, expected = _run_prefill(torch.float32, 6, 2, 64, 16, MIXED_BATCH, store_new_tokens=False)
+    torch.testing.assert_close(out, expected, **ATTN_TOL[torch.float32])
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(28, 4), (32, 8)])
+def test_paged_prefill_gpu_shapes(dtype, num_heads, num_kv_heads):
+    out, expected = _run_prefill(dtype, num_heads, num_kv_heads, 128, 16, GPU_BATCH, True)
+    torch.testing.assert_close(out.float(), expected.float(), **ATTN_TOL[dtype])
+
+
+def test_decode_rows_agree_between_prefill_and_decode_kernels():
+    """A decode row gives the same output whichever kernel serves it (mixed batch or decode batch)."""
+    batch, block_size, num_heads, num_kv_heads, head_dim = [(30, 1), (16, 1), (47, 1)], 16, 8, 2, 64
+    totals = [c + 1 for c, _ in batch]
+    table = _block_tables(totals, block_size, num_blocks=16)
+    cache = _paged_cache(16, block_size, num_kv_heads, head_dim, torch.float32)
+    q = torch.randn(3, num_heads, head_dim, device=DEVICE)
+    k, v = torch.randn(2, 3, num_kv_heads, head_dim, device=DEVICE)
+    slots = torch.cat([_slots(table[i], c, c + 1, block_size) for i, (c, _) in enumerate(batch)])
+    store_kv_cache(k, v, cache, slots)
+    cu = torch.arange(4, dtype=torch.int32, device=DEVICE)
+    contexts = torch.tensor([c for c, _ in batch], dtype=torch.int32, device=DEVICE)
+    via_prefill = paged_prefill_attention(q, k, v, cache, cu, contexts, table, 1, 0.125)
+    via_decode = paged_decode_attention(q, cache, table, contexts + 1, 0.125, num_splits=2)
+    torch.testing.assert_close(via_prefill, via_decode, atol=1e-5, rtol=1e-5)
+
+
+# --- Layers -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 64), (3, 5, 32), (4, 960), pytest.param((512, 3584), marks=gpu_only)],
+                         ids=str)
+def test_rms_norm_and_fused_add_match_rmsnorm_module(dtype, shape):
+    norm = RMSNorm(shape[-1], eps=1e-6).to(device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.2)
+    x = torch.randn(shape, dtype=dtype, device=DEVICE) * 3
+    residual = torch.randn(shape, dtype=dtype, device=DEVICE)
+    with torch.no_grad():
+        expected = norm(x)
+        expected_normed, expected_residual = norm(x, residual)
+    got = triton_layers.rms_norm(x, norm.weight, norm.eps)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected)
+    normed, new_residual = triton_layers.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+    assert torch.equal(new_residual, expected_residual)  # the add rounds exactly as PyTorch's
+    torch.testing.assert_close(normed, expected_normed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 2, 32), (28, 4, 128)])
+def test_rotary_embedding_matches_module(dtype, num_heads, num_kv_heads, head_dim):
+    config = SimpleNamespace(rope_theta=10000.0)
+    rotary = RotaryEmbedding(config, head_dim, max_position=256).to(DEVICE)
+    rotary.reset_buffers()
+    num_tokens = 11
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=DEVICE)
+    q = qkv[:, :num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, 256, (num_tokens,), device=DEVICE)
+    expected_q, expected_k = rotary(positions, q, k)
+    v_before = qkv[:, (num_heads + num_kv_heads) * head_dim:].clone()
+    got_q, got_k = triton_layers.rotary_embedding(positions, q, k, rotary.cos, rotary.sin)
+    assert got_q.data_ptr() == q.data_ptr()  # in place
+    # The kernel rounds once where the module rounds each product: allow about one ulp of |x|.
+    tol = {torch.float32: {}, torch.float16: dict(atol=3e-3, rtol=1e-3),
+           torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2)}[dtype]
+    torch.testing.assert_close(got_q, expected_q, **tol)
+    torch.testing.assert_close(got_k, expected_k, **tol)
+    assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim:], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(5, 200), (3, 3000), pytest.param((1024, 2 * 18944), marks=gpu_only)], ids=str)
+def test_silu_and_mul_matches_reference(dtype, shape):
+    x = torch.randn(shape, dtype=dtype, device=DEVICE) * 4
+    tol = dict(atol=1e-3, rtol=2e-3) if dtype == torch.float16 else {}  # fp16: one ulp apart at most
+    torch.testing.assert_close(triton_layers.silu_and_mul(x), silu_and_mul(x), **tol)

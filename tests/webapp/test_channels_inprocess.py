@@ -1,0 +1,84 @@
+"""In-process tests against the real ASGI app and the real Redis of the shared stack:
+the live-stats WebSocket consumer, and the bulk publisher's ordering and coalescing."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from tests.webapp.serving_stack import MODEL
+
+
+@pytest.fixture(scope="module")
+def django_app(stack):
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
+    from django.test import override_settings
+
+    django.setup()
+    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                          "CONFIG": {"hosts": [{"address": stack.redis_url, "socket_timeout": 30}],
+                                     "capacity": 100_000}}}
+    with override_settings(CELERY_BROKER_URL=stack.redis_url, CHANNEL_LAYERS=layers):
+        from channels.layers import channel_layers
+
+        channel_layers.backends.clear()
+        from webapp.asgi import application
+
+        yield application
+        channel_layers.backends.clear()
+
+
+def test_live_stats_websocket(django_app):
+    from channels.testing import WebsocketCommunicator
+
+    async def run() -> dict:
+        communicator = WebsocketCommunicator(django_app, "/ws/stats")
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        second = await communicator.receive_json_from(timeout=5)  # it keeps pushing
+        await communicator.disconnect()
+        return second or first
+
+    message = asyncio.run(run())
+    (worker,) = message["workers"]
+    assert worker["model"] == MODEL
+    assert worker["stats"]["num_total_blocks"] > 0 and "num_running" in worker["stats"]
+
+
+def test_bulk_send_keeps_order_per_channel(django_app):
+    from channels.layers import get_channel_layer
+
+    from webapp.serving.publish import bulk_send
+
+    async def run() -> dict[str, list[int]]:
+        layer = get_channel_layer()
+        channels = [await layer.new_channel("test") for _ in range(5)]
+        for start in range(0, 300, 100):  # three pipelines of 100 messages per channel
+            await bulk_send(layer, [(ch, {"type": "t", "i": i}) for i in range(start, start + 100) for ch in channels])
+        got = {}
+        for ch in channels:
+            got[ch] = [(await layer.receive(ch))["i"] for _ in range(300)]
+        return got
+
+    for received in asyncio.run(run()).values():
+        assert received == list(range(300))
+
+
+def test_coalesce_merges_deltas_of_one_request():
+    from webapp.serving.messages import coalesce
+
+    def delta(rid, text, ids, finish=None):
+        return {"type": "delta", "rid": rid, "finished": finish is not None, "num_prompt_tokens": 3,
+                "num_cached_tokens": 0, "prompt_logprobs": None, "metrics": {},
+                "outputs": [{"index": 0, "text": text, "token_ids": ids, "logprobs": None, "finish_reason": finish,
+                             "stop_reason": None}]}
+
+    merged = coalesce([delta("a", "He", [1]), delta("b", "X", [9]), delta("a", "llo", [2, 3]),
+                       delta("a", "!", [4], "stop"), delta("a", "late", [5])])
+    assert [m["rid"] for m in merged] == ["a", "b"]
+    out = merged[0]["outputs"][0]
+    assert (out["text"], out["token_ids"], out["finish_reason"]) == ("Hello!", [1, 2, 3, 4], "stop")
+    assert merged[0]["finished"] and not merged[1]["finished"]

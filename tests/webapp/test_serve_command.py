@@ -1,0 +1,91 @@
+"""``manage.py serve``: one command starts Redis, a worker and Daphne; Ctrl-C stops them all,
+and flags of features not built yet stop it with a clear message."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.webapp.serving_stack import MODEL
+from webapp import launcher
+
+
+def _children(pid: int) -> dict[int, str]:
+    """pid -> command line of every descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
+    port = launcher.free_port()
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    log = open(tmp_path / "serve.log", "wb")
+    serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port),
+                              "--max-model-len", "2048", "--kv-cache-space", "0.25", "--log-level", "warning"],
+                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
+    try:
+        deadline = time.monotonic() + 300
+        while b"Tessera serves" not in (tmp_path / "serve.log").read_bytes():
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        children = _children(serve.pid)
+        commands = " | ".join(children.values())
+        assert "redis-server" in commands and " worker " in commands and "daphne" in commands, commands
+
+        import openai
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=4)
+        assert reply.usage.completion_tokens >= 1
+
+        serve.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        assert serve.wait(60) == 0
+        time.sleep(0.2)
+        left = {pid: cmd for pid, cmd in children.items() if _alive(pid)}
+        assert not left, left
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
+
+
+@pytest.mark.parametrize("flag", [["--tensor-parallel-size", "2"], ["--quantization", "awq"],
+                                  ["--swap-space", "4"]])
+def test_flags_of_later_features_say_not_supported_yet(tmp_path, flag):
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    done = subprocess.run([sys.executable, launcher.MANAGE, "serve", *flag], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=launcher.BASE_DIR)
+    assert done.returncode != 0
+    assert "not supported yet" in done.stderr, done.stderr
+    assert "Started" not in done.stdout
