@@ -95,6 +95,7 @@ class EngineConfig:
     load_format: str = "auto"
     seed: int = 0
     enforce_eager: bool = True
+    attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     quantization: str | None = None
     served_model_name: str | None = None

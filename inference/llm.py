@@ -87,9 +87,7 @@ class LLM:
             for i, (prompt, params) in enumerate(zip(inputs, params_list)):
                 request_id = str(self._next_id)
                 self._next_id += 1
-                engine.add_request(request_id, prompt, params)
-                if texts is not None:
-                    engine._parents[request_id].prompt = texts[i]
+                engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None)
                 ids.append(request_id)
         except Exception:
             engine.abort_request(ids)

@@ -33,6 +33,16 @@ class AttentionMetadata:
         decode_seq_lens: ``[Bd]`` int64, context length including the new token.
         prefills: the multi-token requests.
         block_size: tokens per block.
+        backend: ``"torch"`` (reference, CPU) or ``"triton"`` (GPU kernels).
+
+    The Triton backend reads the whole batch as tensors instead (None for the torch backend):
+        block_tables: ``[B, max_blocks]`` int32 for every request, zero-padded.
+        seq_lens: ``[B]`` int32 context length after this step; 0 marks a CUDA-graph padding row.
+        context_lens: ``[B]`` int32 tokens cached before this step.
+        cu_seqlens_q: ``[B + 1]`` int32 row offsets of each request.
+        max_query_len, max_seq_len: host ints bounding the above (tokens).
+        decode_only: every request computes one token (the decode kernel, and CUDA graphs, apply).
+        num_splits: KV splits of the decode kernel, fixed when a CUDA graph is captured.
     """
 
     slot_mapping: torch.Tensor
@@ -41,6 +51,15 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor
     prefills: list[PrefillSegment]
     block_size: int
+    backend: str = "torch"
+    block_tables: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    max_query_len: int = 0
+    max_seq_len: int = 0
+    decode_only: bool = False
+    num_splits: int | None = None
 
     @property
     def num_decodes(self) -> int:

@@ -123,9 +123,10 @@ _NUM_SMS: dict[int, int] = {}
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """Slices per request so that ``B * Hk * splits`` fills about two waves of the GPU's SMs.
+    """Slices per request so that ``B * Hk * splits`` programs cover about twice the GPU's SMs.
 
-    No slice is shorter than ``_MIN_SPLIT_TOKENS`` tokens; at most 64 slices. Host-only arithmetic.
+    A power of two (each count is a separate compiled kernel), at most 64, and no slice shorter
+    than ``_MIN_SPLIT_TOKENS`` tokens. Host-only arithmetic, no synchronisation.
     """
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -135,8 +136,9 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
     else:
         num_sms = 8  # interpreter: any small number exercises the split path
     programs = max(batch_size * num_kv_heads, 1)
-    wanted = math.ceil(2 * num_sms / programs)
-    return max(1, min(wanted, math.ceil(max_seq_len / _MIN_SPLIT_TOKENS), 64))
+    wanted = triton.next_power_of_2(math.ceil(2 * num_sms / programs))
+    longest = triton.next_power_of_2(math.ceil(max(max_seq_len, 1) / _MIN_SPLIT_TOKENS))
+    return max(1, min(wanted, longest, 64))
 
 
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

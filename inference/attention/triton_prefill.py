@@ -180,6 +180,6 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
         group_size, head_dim, block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=2,
+        num_warps=num_warps, num_stages=3 if q.element_size() == 2 else 2,
     )
     return out

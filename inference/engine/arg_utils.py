@@ -43,6 +43,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     quantization: str | None = None
     enforce_eager: bool = False
+    attention_backend: str = "auto"
     served_model_name: str | None = None
 
     @classmethod
@@ -102,7 +103,8 @@ class EngineArgs:
         return EngineConfig(
             model=self.model, tokenizer=str(resolved.tokenizer_dir), model_dir=str(resolved.model_dir),
             hf_config=hf_config, dtype=dtype, device=device, load_format=self.load_format, seed=self.seed,
-            enforce_eager=self.enforce_eager, tensor_parallel_size=self.tensor_parallel_size,
+            enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
+            tensor_parallel_size=self.tensor_parallel_size,
             quantization=self.quantization, served_model_name=self.served_model_name or self.model,
             cache=CacheConfig(block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
                               kv_cache_space=self.kv_cache_space, enable_prefix_caching=self.enable_prefix_caching,

@@ -90,11 +90,12 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0) -> str:
+                    arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None) -> str:
         """Queue a request; returns its id (generated when ``request_id`` is None).
 
         Args:
             prompt: text (tokenized with the model's tokenizer, special tokens added) or token ids.
+            prompt_text: the text of a prompt given as token ids, echoed in the outputs.
         Raises:
             InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
         """
@@ -104,7 +105,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
-            text, token_ids = None, [int(t) for t in prompt]
+            text, token_ids = prompt_text, [int(t) for t in prompt]
         max_tokens = validate_prompt(token_ids, params, self.max_model_len, self.runner.vocab_size)
         params = params.clone(eos_token_ids=self.eos_token_ids)
         children = []

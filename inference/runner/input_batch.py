@@ -27,55 +27,86 @@ class ModelInput:
     prompt_logprob_rows: dict[str, tuple[int, list[int]]]
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: str) -> ModelInput:
+def _long(values, device: str, shape=None) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.long)
+    if shape is not None:
+        t = t.reshape(shape)
+    return t.to(device, non_blocking=True)
+
+
+def _int32(values, device: str, shape=None) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.int32)
+    if shape is not None:
+        t = t.reshape(shape)
+    return t.to(device, non_blocking=True)
+
+
+def _padded(tables: list[list[int]]) -> tuple[list[list[int]], int]:
+    width = max((len(t) for t in tables), default=0)
+    return [t + [0] * (width - len(t)) for t in tables], width
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch") -> ModelInput:
     """Build the inputs of a step: tokens of every scheduled request back to back, no padding."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    decode_rows: list[int] = []
-    decode_tables: list[list[int]] = []
-    decode_lens: list[int] = []
-    prefills: list[PrefillSegment] = []
     logits_rows: list[int] = []
     prompt_rows: dict[str, tuple[int, list[int]]] = {}
+    tables: list[list[int]] = []
+    starts: list[int] = []
+    contexts: list[int] = []
     for item in out.scheduled:
         req, n = item.request, item.num_scheduled_tokens
         start, ctx = len(input_ids), req.num_computed_tokens
         blocks = req.block_ids
         input_ids.extend(req.all_token_ids[ctx:ctx + n])
         positions.extend(range(ctx, ctx + n))
-        if n == 1:
-            slots.append(blocks[ctx // block_size] * block_size + ctx % block_size)
-            decode_rows.append(start)
-            decode_tables.append(blocks)
-            decode_lens.append(ctx + 1)
-        else:
-            pos = torch.arange(ctx, ctx + n)
-            table = torch.tensor(blocks, dtype=torch.long)
-            slots.extend((table[pos // block_size] * block_size + pos % block_size).tolist())
-            prefills.append(PrefillSegment(start, start + n, ctx, table.to(device)))
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(ctx, ctx + n))
+        tables.append(blocks)
+        starts.append(start)
+        contexts.append(ctx)
         if item.samples:
             logits_rows.append(start + n - 1)
-        params = req.sampling_params
-        if params.prompt_logprobs is not None and req.num_output_tokens == 0:
+        if req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == 0:
             scored = [p + 1 for p in range(ctx, ctx + n) if p + 1 < req.num_prompt_tokens]
             if scored:
                 prompt_rows[req.request_id] = (start, scored)
-    width = max((len(t) for t in decode_tables), default=0)
-    padded = [t + [0] * (width - len(t)) for t in decode_tables]
+    starts.append(len(input_ids))
+    if backend == "torch":
+        meta = _torch_metadata(tables, starts, contexts, block_size, device)
+    else:
+        meta = _triton_metadata(tables, starts, contexts, block_size, device)
+    meta.slot_mapping = _long(slots, device)
+    return ModelInput(_long(input_ids, device), _long(positions, device), meta, _long(logits_rows, device), prompt_rows)
 
-    def as_tensor(values, shape=None):
-        t = torch.tensor(values, dtype=torch.long)
-        if shape is not None:
-            t = t.reshape(shape)
-        return t.to(device, non_blocking=True)
 
-    meta = AttentionMetadata(
-        slot_mapping=as_tensor(slots),
-        decode_indices=as_tensor(decode_rows),
-        decode_block_tables=as_tensor(padded, (len(padded), width)),
-        decode_seq_lens=as_tensor(decode_lens),
-        prefills=prefills,
-        block_size=block_size,
-    )
-    return ModelInput(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_rows), prompt_rows)
+def _torch_metadata(tables, starts, contexts, block_size: int, device: str) -> AttentionMetadata:
+    decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
+    for i, (table, ctx) in enumerate(zip(tables, contexts)):
+        start, end = starts[i], starts[i + 1]
+        if end - start == 1:
+            decode_rows.append(start)
+            decode_tables.append(table)
+            decode_lens.append(ctx + 1)
+        else:
+            prefills.append(PrefillSegment(start, end, ctx, _long(table, device)))
+    padded, width = _padded(decode_tables)
+    return AttentionMetadata(
+        slot_mapping=None, decode_indices=_long(decode_rows, device),
+        decode_block_tables=_long(padded, device, (len(padded), width)),
+        decode_seq_lens=_long(decode_lens, device), prefills=prefills, block_size=block_size)
+
+
+def _triton_metadata(tables, starts, contexts, block_size: int, device: str) -> AttentionMetadata:
+    padded, width = _padded(tables)
+    query_lens = [starts[i + 1] - starts[i] for i in range(len(tables))]
+    seq_lens = [c + q for c, q in zip(contexts, query_lens)]
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    return AttentionMetadata(
+        slot_mapping=None, decode_indices=empty, decode_block_tables=empty, decode_seq_lens=empty, prefills=[],
+        block_size=block_size, backend="triton",
+        block_tables=_int32(padded, device, (len(padded), width)), seq_lens=_int32(seq_lens, device),
+        context_lens=_int32(contexts, device), cu_seqlens_q=_int32(starts, device),
+        max_query_len=max(query_lens, default=0), max_seq_len=width * block_size,
+        decode_only=all(q == 1 for q in query_lens))

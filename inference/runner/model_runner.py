@@ -8,14 +8,15 @@ import torch
 
 from ..config import EngineConfig
 from ..core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ..errors import InvalidRequestError
+from ..attention import resolve_backend
 from ..model_loader import iter_weights
 from ..models import build_model
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .input_batch import prepare_inputs
+from .kv_sizing import GiB, bytes_per_block
+from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
 
 logger = logging.getLogger(__name__)
-GiB = 1 << 30
 
 
 class ModelRunner:
@@ -38,10 +39,20 @@ class ModelRunner:
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.block_size = config.cache.block_size
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.num_blocks = num_kv_blocks or self._profile_num_blocks()
+        self.bytes_per_block = bytes_per_block(config, self.num_layers, self.num_kv_heads, self.head_dim)
+        self.num_blocks = num_kv_blocks or kv_sizing_num_blocks(
+            config, self.model, self.weights_bytes, self.bytes_per_block, self.num_kv_heads, self.head_dim)
         self.kv_caches = [self._zeros((2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim))
                           for _ in range(self.num_layers)]
         self.sampler = Sampler()
+        self.attention_backend = resolve_backend(config.attention_backend, self.device)
+        self.graph_runner = None
+        if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
+            from .cuda_graph import CudaGraphRunner
+            max_blocks = -(-config.max_model_len // self.block_size)
+            self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
+                                                max_blocks, self.block_size, self.num_kv_heads, self.device)
+            self.graph_runner.capture()
         self._log_memory()
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -51,40 +62,6 @@ class ModelRunner:
             return torch.zeros(shape, dtype=self.config.dtype, device=self.device)
         np_dtype = {torch.float32: np.float32, torch.float16: np.float16}[self.config.dtype]
         return torch.from_numpy(np.zeros(shape, dtype=np_dtype))
-
-    @property
-    def bytes_per_block(self) -> int:
-        element = torch.tensor([], dtype=self.config.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
-
-    def _profile_num_blocks(self) -> int:
-        cache = self.config.cache
-        if self.device == "cpu":
-            budget = cache.kv_cache_space * GiB
-        else:
-            torch.cuda.synchronize()
-            free, total = torch.cuda.mem_get_info()
-            used_by_others = total - free - torch.cuda.memory_allocated()
-            activation = self._activation_peak_bytes()
-            budget = total * cache.gpu_memory_utilization - used_by_others - self.weights_bytes - activation
-        num_blocks = int(budget // self.bytes_per_block)
-        max_len = self.config.max_model_len
-        if num_blocks * self.block_size < max_len:
-            raise InvalidRequestError(
-                f"The KV cache has room for {max(num_blocks, 0) * self.block_size} tokens "
-                f"({budget / GiB:.2f} GiB), fewer than one sequence of max_model_len={max_len}. "
-                "Raise gpu_memory_utilization (GPU) or kv_cache_space (CPU), or lower max_model_len.",
-                param="max_model_len")
-        return num_blocks
-
-    def _activation_peak_bytes(self) -> int:
-        """Rough activation peak of the largest step: logits of max_num_seqs rows plus MLP intermediates."""
-        hf, sched = self.config.hf_config, self.config.scheduler
-        element = torch.tensor([], dtype=self.config.dtype).element_size()
-        tokens = sched.max_num_batched_tokens
-        mlp = tokens * hf.intermediate_size * 3 * element
-        logits = sched.max_num_seqs * hf.vocab_size * 4 * 3
-        return int(mlp + logits + 512 * (1 << 20))
 
     def _log_memory(self) -> None:
         kv_bytes = self.num_blocks * self.bytes_per_block
@@ -98,8 +75,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass of one step and sample a token for each request that reached its end."""
-        inputs = prepare_inputs(sched_out, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
+        if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            hidden = self.graph_runner.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         sampling = [s.request for s in sched_out.scheduled if s.samples]
         token_ids: list[int] = []
         logprobs: list = []

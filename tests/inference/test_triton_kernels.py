@@ -273,12 +273,14 @@ def test_rms_norm_and_fused_add_match_rmsnorm_module(dtype, shape):
     with torch.no_grad():
         expected = norm(x)
         expected_normed, expected_residual = norm(x, residual)
+    # rsqrt differs in its last bits between implementations: allow one ulp of fp16 (bf16's default covers it).
+    tol = dict(atol=1e-3, rtol=2e-3) if dtype == torch.float16 else {}
     got = triton_layers.rms_norm(x, norm.weight, norm.eps)
     assert got.dtype == expected.dtype and got.shape == expected.shape
-    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got, expected, **tol)
     normed, new_residual = triton_layers.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
     assert torch.equal(new_residual, expected_residual)  # the add rounds exactly as PyTorch's
-    torch.testing.assert_close(normed, expected_normed)
+    torch.testing.assert_close(normed, expected_normed, **tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -1,0 +1,42 @@
+"""Chooses the attention implementation for a step: the PyTorch reference or the Triton kernels."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .metadata import AttentionMetadata
+from .torch_ref import paged_attention as torch_paged_attention
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def resolve_backend(requested: str, device: str) -> str:
+    """``"auto"`` takes Triton on CUDA when it is installed, else the PyTorch reference.
+
+    Raises:
+        ValueError: an unknown backend, or ``"triton"`` without Triton installed.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {requested!r}")
+    has_triton = importlib.util.find_spec("triton") is not None
+    if requested == "auto":
+        return "triton" if device.startswith("cuda") and has_triton else "torch"
+    if requested == "triton" and not has_triton:
+        raise ValueError("attention_backend='triton' needs the triton package")
+    return requested
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``)."""
+    if meta.backend == "torch":
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+    from . import triton_ops  # imported only when the Triton backend is in use
+
+    triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    if meta.decode_only:
+        return triton_ops.paged_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
+                                                 max_seq_len=meta.max_seq_len, num_splits=meta.num_splits)
+    return triton_ops.paged_prefill_attention(q, k, v, kv_cache, meta.cu_seqlens_q, meta.context_lens,
+                                              meta.block_tables, meta.max_query_len, scale)

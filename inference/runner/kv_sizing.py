@@ -1,0 +1,80 @@
+"""How many KV blocks fit: kv_cache_space on CPU; on GPU, what gpu_memory_utilization leaves after
+the weights and a profiled activation peak."""
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttentionMetadata, PrefillSegment
+from ..config import EngineConfig
+from ..errors import InvalidRequestError
+
+GiB = 1 << 30
+
+
+def bytes_per_block(config: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+    """Bytes of one KV block over all layers: ``2 * layers * block_size * Hk * D * element size``."""
+    element = torch.tensor([], dtype=config.dtype).element_size()
+    return 2 * num_layers * config.cache.block_size * num_kv_heads * head_dim * element
+
+
+@torch.inference_mode()
+def profile_activation_peak(model, config: EngineConfig, num_kv_heads: int, head_dim: int) -> int:
+    """Peak GPU bytes of the largest step beyond the weights: one forward of ``max_num_batched_tokens``
+    tokens (one prefill, reference attention over a scratch cache) and the logits of ``max_num_seqs`` rows."""
+    device = config.device
+    tokens = min(config.scheduler.max_num_batched_tokens, config.max_model_len)
+    block_size = config.cache.block_size
+    num_blocks = -(-tokens // block_size)
+    scratch = [torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=config.dtype, device=device)
+               for _ in range(config.hf_config.num_hidden_layers)]
+    scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(tokens, device=device), decode_indices=torch.empty(0, dtype=torch.long, device=device),
+        decode_block_tables=torch.empty(0, 0, dtype=torch.long, device=device),
+        decode_seq_lens=torch.empty(0, dtype=torch.long, device=device),
+        prefills=[PrefillSegment(0, tokens, 0, torch.arange(num_blocks, device=device))], block_size=block_size)
+    hidden = model(torch.zeros(tokens, dtype=torch.long, device=device), torch.arange(tokens, device=device),
+                   scratch, meta)
+    rows = min(config.scheduler.max_num_seqs, tokens)
+    logits = model.compute_logits(hidden[:rows])
+    torch.log_softmax(logits, dim=-1).sort(dim=-1)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del scratch, hidden, logits
+    torch.cuda.empty_cache()
+    return max(peak - scratch_bytes, 0)
+
+
+def num_kv_blocks(config: EngineConfig, model, weights_bytes: int, block_bytes: int, num_kv_heads: int,
+                  head_dim: int) -> int:
+    """The KV pool size in blocks.
+
+    Raises:
+        InvalidRequestError: the pool cannot hold one sequence of ``max_model_len``, with the numbers
+            and the remedies.
+    """
+    cache = config.cache
+    if config.device == "cpu":
+        budget = cache.kv_cache_space * GiB
+        where = f"kv_cache_space={cache.kv_cache_space} GiB"
+    else:
+        activation = profile_activation_peak(model, config, num_kv_heads, head_dim)
+        free, total = torch.cuda.mem_get_info()
+        others = total - free - torch.cuda.memory_allocated()
+        budget = total * cache.gpu_memory_utilization - others - torch.cuda.memory_allocated() - activation
+        where = (f"gpu_memory_utilization={cache.gpu_memory_utilization} of {total / GiB:.1f} GiB, weights "
+                 f"{weights_bytes / GiB:.2f} GiB, activation peak {activation / GiB:.2f} GiB, "
+                 f"other processes {others / GiB:.2f} GiB")
+    blocks = int(budget // block_bytes)
+    max_len = config.max_model_len
+    if blocks * cache.block_size < max_len:
+        raise InvalidRequestError(
+            f"The KV cache has room for {max(blocks, 0) * cache.block_size} tokens ({max(budget, 0) / GiB:.2f} GiB "
+            f"from {where}), fewer than one sequence of max_model_len={max_len}. Remedies: raise "
+            "gpu_memory_utilization (GPU) or kv_cache_space (CPU), lower max_model_len or max_num_seqs or "
+            "max_num_batched_tokens, enable chunked prefill, quantize the model or add tensor parallelism.",
+            param="max_model_len")
+    return blocks
