@@ -12,9 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from .triton_interpreter import HAS_CUDA  # noqa: E402  (sets TRITON_INTERPRET=1 without a GPU)
+
 triton = pytest.importorskip("triton")
 
 from inference.attention.triton_ops import (  # noqa: E402
@@ -31,63 +30,6 @@ ATTN_TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=
 gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="GPU-sized shape, too slow for the interpreter")
 
 
-def _fix_interpreter() -> None:
-    """Work around three bugs of Triton 3.6's interpreter (CPU only; compiled kernels are unaffected).
-
-    1. Loop bounds read from memory are 1-element arrays, which ``int()`` rejects from NumPy 2.4
-       on (triton-lang/triton#9171, fixed upstream by #9172).
-    2. ``tl.dot`` multiplies bfloat16 operands as their raw uint16 storage; convert them to float32.
-    3. float32 -> bfloat16 casts truncate; the GPU (and PyTorch) round to nearest even.
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_tessera_fixed", False):
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched_tensor(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def to_f32(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, to_f32(a), to_f32(b), d, input_precision, max_num_imprecise_acc)
-
-    cast_impl, fp_to_fp = interpreter.InterpreterBuilder.cast_impl, interpreter.InterpreterBuilder.create_fp_to_fp
-
-    def to_bf16_rtne(src, dst_type):
-        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
-            return None
-        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # finite inputs only
-        return interpreter.TensorHandle(rounded, tl.bfloat16)
-
-    def patched_cast(self, src, dst_type):
-        rounded = to_bf16_rtne(src, dst_type)
-        return cast_impl(self, src, dst_type) if rounded is None else rounded
-
-    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
-        rounded = to_bf16_rtne(src, dst_type)
-        return fp_to_fp(self, src, dst_type, rounding_mode) if rounded is None else rounded
-
-    interpreter._patch_lang_tensor = patched_tensor
-    interpreter.InterpreterBuilder.create_dot = patched_dot
-    interpreter.InterpreterBuilder.cast_impl = patched_cast
-    interpreter.InterpreterBuilder.create_fp_to_fp = patched_fp_to_fp
-    interpreter._tessera_fixed = True
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _fix_interpreter()
 
 
 @pytest.fixture(autouse=True)
