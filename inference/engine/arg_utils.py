@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
-from ..errors import InvalidRequestError
-from ..model_loader import check_architecture, load_hf_config, resolve_model
+from ..errors import InvalidRequestError, ModelLoadError
+from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,18 @@ class EngineArgs:
         """Resolve the model, its config and all limits.
 
         Raises:
+            ModelLoadError (param ``"load_format"``): a weightless benchmark shape such as
+                ``qwen2.5-7b`` without ``load_format="dummy"``, raised before anything is built.
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
         """
         self._check_ranges()
         check_not_supported_yet(self.tensor_parallel_size, self.quantization, self.swap_space,
                                 self.enable_prefix_caching)
-        resolved = resolve_model(self.model, self.tokenizer)
+        if self.load_format != "dummy" and is_dummy_only(self.model):
+            raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
+                                 "tokenizer only). Pass load_format='dummy' to run it with random weights.",
+                                 param="load_format")
+        resolved = resolve_model(self.model, self.tokenizer, load_format=self.load_format)
         hf_config = load_hf_config(resolved.model_dir)
         check_architecture(hf_config)
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")

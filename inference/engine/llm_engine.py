@@ -50,13 +50,14 @@ class _ParentRequest:
 
 
 def _eos_token_ids(tokenizer, hf_config) -> tuple[int, ...]:
+    """EOS ids of the tokenizer and the model config that the model can emit (``< vocab_size``)."""
     ids: set[int] = set()
     for value in (getattr(tokenizer, "eos_token_id", None), getattr(hf_config, "eos_token_id", None)):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
-    return tuple(sorted(ids))
+    return tuple(sorted(i for i in ids if i < hf_config.vocab_size))
 
 
 class LLMEngine:

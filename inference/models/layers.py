@@ -1,12 +1,20 @@
 """Building blocks shared by the decoder models: RMSNorm, rotary embedding, gated MLP activation."""
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def use_triton_layers(x: torch.Tensor) -> bool:
+    """The fused Triton layers run on CUDA tensors when Triton is installed; the CPU path is PyTorch."""
+    return x.is_cuda and _HAS_TRITON
 
 
 class RMSNorm(nn.Module):
@@ -28,6 +36,11 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if use_triton_layers(x):
+            from . import triton_layers
+            if residual is None:
+                return triton_layers.rms_norm(x, self.weight, self.eps)
+            return triton_layers.fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -36,6 +49,9 @@ class RMSNorm(nn.Module):
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation (Shazeer, 2020): ``[T, 2I] -> [T, I]``, ``silu(gate) * up``."""
+    if use_triton_layers(gate_up):
+        from . import triton_layers
+        return triton_layers.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return nn.functional.silu(gate) * up
 
@@ -110,6 +126,9 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if use_triton_layers(q):
+            from . import triton_layers
+            return triton_layers.rotary_embedding(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         q = q * cos + self._rotate_half(q) * sin

@@ -16,6 +16,14 @@ from .input_batch import ModelInput
 logger = logging.getLogger(__name__)
 
 
+def decode_split_plan(batch: int, sizes: list[int], num_kv_heads: int, max_seq_len: int, device) -> int:
+    """KV splits of the decode kernel for a batch of ``batch`` requests, chosen as the CUDA graph of
+    its bucket chose them, so that eager and graph decode steps compute exactly the same sums."""
+    from ..attention.triton_ops import choose_num_splits
+    bucket = next((s for s in sizes if s >= batch), batch)
+    return choose_num_splits(bucket, num_kv_heads, max_seq_len, torch.device(device))
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """Buckets 1, 2, 4, 8, then every 16 up to ``max_num_seqs`` (which is always included)."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
@@ -50,14 +58,14 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
 
     def _metadata(self, batch: int) -> AttentionMetadata:
-        from ..attention.triton_ops import choose_num_splits
         empty = self.input_ids[:0]
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:batch], decode_indices=empty, decode_block_tables=empty,
             decode_seq_lens=empty, prefills=[], block_size=self.block_size, backend="triton",
             block_tables=self.block_tables[:batch], seq_lens=self.seq_lens[:batch],
             max_query_len=1, max_seq_len=self.max_seq_len, decode_only=True,
-            num_splits=choose_num_splits(batch, self.num_kv_heads, self.max_seq_len, self.input_ids.device))
+            num_splits=decode_split_plan(batch, self.sizes, self.num_kv_heads, self.max_seq_len,
+                                         self.input_ids.device))
 
     @torch.inference_mode()
     def capture(self) -> None:

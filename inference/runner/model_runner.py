@@ -12,6 +12,7 @@ from ..attention import resolve_backend
 from ..model_loader import iter_weights
 from ..models import build_model
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
+from .cuda_graph import decode_split_plan, graph_batch_sizes
 from .input_batch import prepare_inputs
 from .kv_sizing import GiB, bytes_per_block
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
@@ -47,8 +48,10 @@ class ModelRunner:
         self.sampler = Sampler()
         self.attention_backend = resolve_backend(config.attention_backend, self.device)
         self.graph_runner = None
+        self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
+        self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
         if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
-            from .cuda_graph import CudaGraphRunner
+            from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
             max_blocks = -(-config.max_model_len // self.block_size)
             self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
                                                 max_blocks, self.block_size, self.num_kv_heads, self.device)
@@ -76,6 +79,10 @@ class ModelRunner:
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass of one step and sample a token for each request that reached its end."""
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
+        if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
+            inputs.meta.max_seq_len = self._max_seq_len
+            inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
+                                                       self.num_kv_heads, self._max_seq_len, self.device)
         if self.graph_runner is not None and self.graph_runner.can_run(inputs):
             hidden = self.graph_runner.run(inputs)
         else:

@@ -45,10 +45,13 @@ def _value(text: str, prefix: str) -> float:
 
 
 def test_metrics_use_vllm_names(stack):
-    before = _value(_metrics(stack), "vllm:generation_tokens_total")
+    success, ttft, itl = ('vllm:request_success_total{finished_reason="length"',
+                          "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count")
+    time.sleep(1.2)  # earlier tests' requests reach the heartbeat first (published every 0.5 s)
+    before = _metrics(stack)
     stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
     deadline = time.monotonic() + 3  # workers publish every heartbeat (0.5 s)
-    while _value(text := _metrics(stack), "vllm:generation_tokens_total") < before + 3:
+    while _value(text := _metrics(stack), success) < _value(before, success) + 1:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     lines = text.splitlines()
@@ -58,9 +61,9 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:request_time_per_output_token_seconds_bucket"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
-    assert _value(text, 'vllm:request_success_total{finished_reason="length"') >= 1
-    assert _value(text, 'vllm:time_to_first_token_seconds_count') >= 1
-    assert _value(text, 'vllm:inter_token_latency_seconds_count') >= 2
+    assert _value(text, ttft) == _value(before, ttft) + 1
+    assert _value(text, itl) == _value(before, itl) + 2  # 3 tokens: 2 gaps
+    assert _value(text, "vllm:generation_tokens_total") >= _value(before, "vllm:generation_tokens_total") + 3
 
 
 def test_index_page(stack):

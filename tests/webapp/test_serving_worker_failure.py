@@ -52,3 +52,40 @@ def test_killed_worker_gives_errors_not_hangs_then_recovers(own_stack):
     s.wait_live()
     reply = s.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
     assert reply.usage.completion_tokens == 4
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """Two workers that take one request at a time each, so some requests wait in Redis."""
+    s = Stack(tmp_path_factory.mktemp("two-workers"), num_workers=2,
+              engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1"])
+    deadline = time.monotonic() + 300
+    while len(s.worker_infos()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    yield s
+    s.stop()
+
+
+def test_requests_not_started_go_to_the_surviving_worker(two_workers):
+    s = two_workers
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+
+    async def run() -> list[tuple[int, bytes]]:
+        requests = [asyncio.ensure_future(asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
+                                                             None, 120)) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while sum(w["stats"]["num_running"] for w in s.worker_infos()) < 2:  # one running on each worker
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        s.workers[0].kill()
+        return [(status, raw) for status, _, raw in await asyncio.gather(*requests)]
+
+    results = asyncio.run(run())
+    statuses = sorted(status for status, _ in results)
+    # The killed worker's running request fails; the other three (one running on the survivor,
+    # two waiting in Redis, one of them reserved by the dead worker) complete on the survivor.
+    assert statuses == [200, 200, 200, 503], results
+    for status, raw in results:
+        if status == 200:
+            assert json.loads(raw)["usage"]["completion_tokens"] == 40

@@ -114,6 +114,11 @@ _tokenizers: dict[str, Tokenizer] = {}
 _lock = threading.Lock()
 
 
+def cached_tokenizer(served: ServedModel) -> Tokenizer | None:
+    """The tokenizer of ``served`` if it is loaded already (never blocks)."""
+    return _tokenizers.get(served.name)
+
+
 def get_tokenizer(served: ServedModel) -> Tokenizer:
     """The (cached) tokenizer of ``served``.
 

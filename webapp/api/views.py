@@ -20,14 +20,14 @@ from .decorators import api_view
 from .errors import APIError, unavailable
 from .generation import Generation, Prompt
 from .protocol import Body, parse_chat, parse_completion, parse_json_body
-from .tokenization import Tokenizer, get_served_model, get_tokenizer, served_models
+from .tokenization import Tokenizer, cached_tokenizer, get_served_model, get_tokenizer, served_models
 
 _STARTED = int(time.time())
 
 
 async def _tokenizer(served) -> Tokenizer:
     """The model's tokenizer, loaded off the event loop the first time."""
-    return await asyncio.to_thread(get_tokenizer, served)
+    return cached_tokenizer(served) or await asyncio.to_thread(get_tokenizer, served)
 
 
 async def _respond(generation: Generation) -> HttpResponse:

@@ -68,6 +68,8 @@ class GenerationStream:
         self._next_seq = {r.rid: 0 for r in requests}
         self._held: dict[tuple[str, int], Message] = {}
         self._receive: asyncio.Future | None = None
+        self._owners: dict[str, str] = {}  # request id -> worker that claimed it
+        self._unclaimed_strikes = 0
 
     @property
     def finished(self) -> bool:
@@ -108,16 +110,22 @@ class GenerationStream:
             await self._check_workers()
 
     async def _check_workers(self) -> None:
+        """Raise :class:`WorkerLost` if a request's worker died, if no worker of the model is
+        live while requests wait in the queue, or if a claimed request's claim vanished
+        (its worker finished it) without its final message arriving."""
         redis = get_redis()
         rids = sorted(self._unfinished)
-        owners = await redis.mget([registry.claim_key(r) for r in rids])
-        waiting = False
-        for owner in {o.decode() for o in owners if o} - {registry.ABORTED}:
+        owners = dict(zip(rids, (o.decode() if o else None for o in
+                                 await redis.mget([registry.claim_key(r) for r in rids]))))
+        for owner in set(owners.values()) - {None, registry.ABORTED}:
             if await registry.worker_info(redis, owner) is None:
                 raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
-        if any(o is None for o in owners):
-            waiting = True
-        if waiting and not await registry.live_workers(redis, self.model):
+        self._owners.update({rid: owner for rid, owner in owners.items() if owner})
+        vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
+        self._unclaimed_strikes = self._unclaimed_strikes + 1 if vanished else 0
+        if self._unclaimed_strikes >= 3:
+            raise WorkerLost("The worker finished this request but its last messages were lost; retry it.")
+        if any(o is None for o in owners.values()) and not await model_workers(self.model):
             raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
 
     async def abort(self) -> None:
@@ -154,11 +162,11 @@ _workers_cache: dict[tuple[int, str], tuple[float, asyncio.Future]] = {}
 
 
 async def model_workers(model: str) -> list[dict[str, Any]]:
-    """Live workers of ``model``, read from Redis at most every quarter of a second per
-    process (concurrent callers share one read)."""
+    """Live workers of ``model`` that admit requests (not shutting down), read from Redis at
+    most every quarter of a second per process (concurrent callers share one read)."""
     now = time.monotonic()
     key = (id(asyncio.get_running_loop()), model)
     hit = _workers_cache.get(key)
     if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS or (hit[1].done() and hit[1].exception()):
         hit = _workers_cache[key] = (now, asyncio.ensure_future(registry.live_workers(get_redis(), model)))
-    return await asyncio.shield(hit[1])
+    return [w for w in await asyncio.shield(hit[1]) if w.get("live")]

@@ -50,14 +50,17 @@ class EngineLoop(threading.Thread):
         on_rejected: called with ``(request_id, status, message, param)`` when the engine
             refuses a request or fails; must return at once.
         max_num_seqs: admission capacity; :meth:`acquire_slot` blocks beyond it.
+        on_failure: called (on this thread) after the engine raised and every request got an error.
     """
 
     def __init__(self, engine: Any, on_outputs: Callable[[list, float], None],
-                 on_rejected: Callable[[str, int, str, str | None], None], max_num_seqs: int) -> None:
+                 on_rejected: Callable[[str, int, str, str | None], None], max_num_seqs: int,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         super().__init__(name="tessera-engine-loop", daemon=True)
         self.engine = engine
         self._on_outputs = on_outputs
         self._on_rejected = on_rejected
+        self._on_failure = on_failure
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._slots = threading.Semaphore(max_num_seqs)
         self._active: set[str] = set()
@@ -111,6 +114,8 @@ class EngineLoop(threading.Thread):
             for rid in list(self._active):
                 self._on_rejected(rid, 503, reason, None)
             self._abort_all()
+            if self.failed is not None and self._on_failure is not None:
+                self._on_failure(self.failed)
 
     def _drain_inbox(self, block: bool) -> None:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -56,7 +57,7 @@ class WorkerRuntime:
         self._closing = threading.Event()
         self.started = time.time()
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort)
-        self.loop = EngineLoop(engine, self.io.publish, self.io.reject, max_num_seqs)
+        self.loop = EngineLoop(engine, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
 
     def start(self) -> None:
         """Start the engine loop, then the I/O thread (whose first heartbeat makes this worker live)."""
@@ -106,6 +107,13 @@ class WorkerRuntime:
         self.begin_shutdown()
         self.loop.join(10)
         self.io.stop()
+
+    def _on_engine_failure(self, error: BaseException) -> None:
+        """The engine raised: stop this worker (warm shutdown), so that a supervisor such as
+        ``manage.py serve`` starts a fresh one; queued requests wait for it in Redis."""
+        logger.error("engine failed (%s); stopping worker %s", error, self.worker_id)
+        self._closing.set()
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_abort(self, request_ids: list[str]) -> None:
         self.loop.abort(request_ids)

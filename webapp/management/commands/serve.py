@@ -1,7 +1,9 @@
 """``manage.py serve [MODEL] [flags]``: everything needed to serve a model on one machine.
 
 Starts a private redis-server (unless ``REDIS_URL`` is set), ``--data-parallel-size``
-engine workers and Daphne; Ctrl-C (or SIGTERM) stops them all. Flags are vLLM's.
+engine workers and Daphne; Ctrl-C (or SIGTERM) stops them all. A worker that exits (its
+engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times in
+``RESTART_WINDOW`` seconds. Flags are vLLM's.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from webapp import launcher
 from webapp.cli import add_engine_arguments, engine_argv, engine_args_from_options
 
 logger = logging.getLogger("tessera.serve")
+
+MAX_RESTARTS = 5  # worker restarts allowed within RESTART_WINDOW seconds before serve gives up
+RESTART_WINDOW = 600.0
 
 
 class Command(BaseCommand):
@@ -77,10 +82,17 @@ class Command(BaseCommand):
         except RuntimeError as error:
             raise CommandError(f"the server did not start: {error}") from None
         self.stdout.write(self.style.SUCCESS(f"Tessera serves '{name}' at {base_url}/v1 (Ctrl-C stops)"))
+        restarts: list[float] = []
         while True:
-            for child in children:
-                if not child.alive():
+            for i, child in enumerate(children):
+                if child.alive():
+                    continue
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW]
+                if child.name != "worker" or len(restarts) >= MAX_RESTARTS:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
+                self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one.")
+                restarts.append(time.monotonic())
+                children[i] = launcher.start_worker(engine_argv(engine_args), env)
             time.sleep(0.5)
 
 
