@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from inference.model_loader import load_hf_config, resolve_model
-    vocab = load_hf_config(resolve_model(args.model).model_dir).vocab_size
+    vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size
     prompts, outputs = make_workload(args, vocab)
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
