@@ -31,7 +31,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_workload(args, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    """Random token-id prompts. ``--workload peer-w1|peer-w2`` draws exactly the prompts of the transformers
+    peer scripts (shared/peer/hf_peer.py, hf_peer_w2.py) with their seeds, so both run identical inputs."""
+    if args.workload == "peer-w1":
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(100, vocab_size - 100, (args.input_len,), generator=g).tolist()
+                   for _ in range(args.num_prompts)]
+        return prompts, [args.output_len] * args.num_prompts
     rng = random.Random(args.seed)
+    if args.workload == "peer-w2":  # nano-vllm's workload: lengths uniform in [100, 1024]
+        pairs = [([rng.randint(100, vocab_size - 100) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+                 for _ in range(args.num_prompts)]
+        return [p for p, _ in pairs], [n for _, n in pairs]
 
     def length(fixed, low, high):
         return fixed if fixed else rng.randint(low, high)
@@ -44,19 +55,57 @@ def make_workload(args, vocab_size: int) -> tuple[list[list[int]], list[int]]:
 
 
 def run_tessera(args, prompts, outputs) -> dict:
+    """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
     llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager)
+    engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
+    produced, steps, occupancy, metrics = 0, 0, [], {}
     start = time.perf_counter()
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, sp)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            produced += sum(len(o.token_ids) for o in out.outputs)
+            if out.finished:
+                metrics[out.request_id] = out.metrics
+        steps += 1
+        stats = engine.get_stats()
+        if stats.num_waiting == 0 and stats.num_allocated_slots:
+            occupancy.append(stats.num_live_tokens / stats.num_allocated_slots)
     elapsed = time.perf_counter() - start
-    produced = sum(len(o.outputs[0].token_ids) for o in outs)
     assert produced == sum(outputs), "the engine produced a different number of tokens than requested"
-    return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed,
-            "hf_model_dir": llm.llm_engine.config.model_dir, "device": llm.llm_engine.config.device,
-            "dtype": str(llm.llm_engine.config.dtype)}
+    ttft = sorted(m["first_token"] - m["arrival"] for m in metrics.values())
+    tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[int(k)] - 1, 1) for k, m in metrics.items())
+    return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
+            "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
+            "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
+            "kv_slot_occupancy_min": min(occupancy, default=None),
+            "kv_slot_occupancy_mean": sum(occupancy) / len(occupancy) if occupancy else None,
+            "weights_bytes": engine.runner.weights_bytes, "kv_bytes_per_token": engine.runner.bytes_per_block
+            // engine.config.cache.block_size, "hf_config": engine.config.hf_config,
+            "hf_model_dir": engine.config.model_dir, "device": engine.config.device, "dtype": str(engine.config.dtype)}
+
+
+def roofline(ours: dict, prompts, outputs, copy_gbps: float, matmul_tflops: float) -> dict:
+    """Lower bound of the run's time: prefill FLOPs at the matmul rate, plus decode at the slower of its FLOPs
+    and its bytes (all weights once per decode step, at least max(outputs) steps; each output token reads its
+    whole context's K/V once) at the copy bandwidth."""
+    cfg = ours.pop("hf_config")
+    n_params = ours["weights_bytes"] / (2 if "16" in ours["dtype"] else 4)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim  # QK^T and PV FLOPs per (query, key)
+    prefill_flops = sum(2 * n_params * len(p) + attn * len(p) * (len(p) + 1) / 2 for p in prompts)
+    decode_flops = sum(2 * n_params * n + attn * (n * len(p) + n * (n - 1) / 2) for p, n in zip(prompts, outputs))
+    kv_bytes = ours["kv_bytes_per_token"] * sum(n * len(p) + n * (n + 1) / 2 for p, n in zip(prompts, outputs))
+    decode_bytes = ours["weights_bytes"] * max(outputs) + kv_bytes
+    bound = prefill_flops / (matmul_tflops * 1e12) + max(decode_flops / (matmul_tflops * 1e12),
+                                                           decode_bytes / (copy_gbps * 1e9))
+    return {"copy_GBps": copy_gbps, "matmul_TFLOPs": matmul_tflops, "prefill_TFLOP": prefill_flops / 1e12,
+            "decode_TFLOP": decode_flops / 1e12, "decode_GB": decode_bytes / 1e9, "lower_bound_s": bound,
+            "fraction_of_roofline": bound / ours["seconds"]}
 
 
 @torch.inference_mode()
@@ -98,6 +147,9 @@ def main() -> None:
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random")
+    parser.add_argument("--copy-gbps", type=float, default=4250.0, help="measured copy bandwidth (roofline)")
+    parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
@@ -109,7 +161,15 @@ def main() -> None:
               "workload": {"model": args.model, "num_prompts": len(prompts), "input_tokens": sum(map(len, prompts)),
                            "requested_output_tokens": sum(outputs)}}
     result["tessera"] = ours = run_tessera(args, prompts, outputs)
-    print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s)")
+    result["roofline"] = roof = roofline(ours, prompts, outputs, args.copy_gbps, args.matmul_tflops)
+    print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s, {ours['steps']} steps)")
+    print(f"  median TTFT {ours['median_ttft_s']:.3f} s, median TPOT {ours['median_tpot_ms']:.2f} ms, "
+          f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms")
+    if ours["kv_slot_occupancy_min"] is not None:
+        print(f"  KV slots holding live tokens while nothing waits: min {100 * ours['kv_slot_occupancy_min']:.1f}%, "
+              f"mean {100 * ours['kv_slot_occupancy_mean']:.1f}%")
+    print(f"  roofline lower bound {roof['lower_bound_s']:.2f} s ({roof['copy_GBps']:.0f} GB/s, "
+          f"{roof['matmul_TFLOPs']:.0f} TFLOP/s): {100 * roof['fraction_of_roofline']:.0f}% of it")
     if args.peer == "transformers":
         dtype = ours["dtype"].replace("torch.", "")
         peer = run_transformers(ours["hf_model_dir"], ours["device"], dtype, prompts, outputs,

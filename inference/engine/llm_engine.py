@@ -35,6 +35,8 @@ class EngineStats:
     num_preemptions_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    num_live_tokens: int = 0  # tokens whose K/V are cached, over running requests
+    num_allocated_slots: int = 0  # blocks held by running requests x block_size
 
 
 @dataclass
@@ -217,6 +219,9 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), kv.num_free_blocks,
+        running = self.scheduler.running
+        return EngineStats(len(running), len(self.scheduler.waiting), kv.num_free_blocks,
                            kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
-                           self.prompt_tokens_total, self.generation_tokens_total)
+                           self.prompt_tokens_total, self.generation_tokens_total,
+                           num_live_tokens=sum(r.num_computed_tokens for r in running),
+                           num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size)
