@@ -1,4 +1,8 @@
-"""ASGI entry point served by Daphne: Django's HTTP views (the API) behind a Channels router."""
+"""ASGI entry point served by Daphne: Django's HTTP views (the API) behind a Channels router.
+
+HTTP goes to :func:`webapp.handlers.http_application` (the API without the admin's
+middleware); WebSockets to the Channels consumers of :mod:`webapp.routing`.
+"""
 from __future__ import annotations
 
 import os
@@ -8,7 +12,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_application = get_asgi_application()
+django_application = get_asgi_application()  # sets Django up
+
+from webapp.handlers import http_application  # noqa: E402
 
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 from webapp.api.tokenization import warm_up_tokenizers  # noqa: E402
@@ -16,6 +22,6 @@ from webapp.api.tokenization import warm_up_tokenizers  # noqa: E402
 warm_up_tokenizers()
 
 application = ProtocolTypeRouter({
-    "http": django_application,
+    "http": http_application(),
     "websocket": URLRouter(websocket_urlpatterns),
 })

@@ -28,6 +28,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 
+# The API needs none of the above; each would cost two thread hops per request under ASGI
+# (see webapp/handlers.py). Only /admin/ and /static/ go through MIDDLEWARE.
+API_MIDDLEWARE: list[str] = []
+
 ROOT_URLCONF = "webapp.urls"
 ASGI_APPLICATION = "webapp.asgi.application"
 

@@ -159,3 +159,14 @@ def test_models_list(stack):
     models = stack.openai().models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].max_model_len == 2048
+
+
+def test_completions_echo(stack):
+    client = stack.openai()
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0).choices[0].text
+    echoed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + plain
+    streamed, _ = _stream_text(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                                         echo=True, stream=True))
+    assert streamed == prompt + plain

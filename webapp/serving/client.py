@@ -81,7 +81,9 @@ class GenerationStream:
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now} for r in self.requests]
+        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} enqueue-start\n"); _s.stderr.flush()
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
+        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} enqueue-done\n"); _s.stderr.flush()
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -106,6 +108,7 @@ class GenerationStream:
             done, _ = await asyncio.wait({self._receive}, timeout=SILENCE_CHECK)
             if done:
                 receive, self._receive = self._receive, None
+                import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} daphne-received\n"); _s.stderr.flush()
                 return receive.result()
             await self._check_workers()
 

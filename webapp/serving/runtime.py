@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -42,26 +42,31 @@ class WorkerRuntime:
     """The engine of this worker process, its step-loop thread and its I/O thread.
 
     Args:
-        engine: an ``inference.LLMEngine`` (already built).
+        engine_factory: builds the ``inference.LLMEngine`` (called on the engine-loop thread).
         served_model_name: the name clients use, also the queue's name.
         redis_url: Redis for claims (the I/O thread uses the Channels layer's connections).
         layer: the Channels layer.
         max_num_seqs: requests admitted at once.
     """
 
-    def __init__(self, engine: Any, served_model_name: str, redis_url: str, layer: Any, max_num_seqs: int) -> None:
-        self.engine = engine
+    def __init__(self, engine_factory: Callable[[], Any], served_model_name: str, redis_url: str, layer: Any,
+                 max_num_seqs: int) -> None:
         self.model = served_model_name
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._redis = redis.Redis.from_url(redis_url)
         self._closing = threading.Event()
         self.started = time.time()
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort)
-        self.loop = EngineLoop(engine, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
+        self.loop = EngineLoop(engine_factory, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
 
     def start(self) -> None:
-        """Start the engine loop, then the I/O thread (whose first heartbeat makes this worker live)."""
-        self.loop.start()
+        """Build the engine on the engine-loop thread, then start the I/O thread (whose first
+        heartbeat makes this worker live).
+
+        Raises:
+            what building the engine raised (``ModelLoadError``, ``NotSupportedYetError``, ...).
+        """
+        self.engine = self.loop.start_and_wait()
         self.io.start_and_wait()
         logger.info("worker %s serves %s (control channel %s)", self.worker_id, self.model, self.io.control_channel)
 
@@ -74,6 +79,7 @@ class WorkerRuntime:
         Raises:
             WorkerShuttingDown: the worker is stopping before the request got a slot.
         """
+        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} task-start\n"); _s.stderr.flush()
         while not self.loop.acquire_slot(SLOT_POLL):
             if self._closing.is_set() or not self.loop.is_alive():
                 raise WorkerShuttingDown()
@@ -94,6 +100,7 @@ class WorkerRuntime:
         arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
         self.io.add_route(rid, payload["reply"])
         self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival))
+        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} submitted\n"); _s.stderr.flush()
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""

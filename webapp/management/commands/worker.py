@@ -35,15 +35,14 @@ class Command(BaseCommand):
         logging.getLogger().setLevel(options["log_level"].upper())
         for logger_name in ("celery.app.trace", "celery.worker.strategy"):  # two lines per request otherwise
             logging.getLogger(logger_name).setLevel(max(logging.WARNING, logging.getLogger().level))
+        runtime = WorkerRuntime(lambda: LLMEngine.from_engine_args(engine_args), name, settings.CELERY_BROKER_URL,
+                                get_channel_layer(), engine_args.max_num_seqs)
         try:
-            engine = LLMEngine.from_engine_args(engine_args)
+            runtime.start()
         except TesseraError as error:
             raise CommandError(str(error)) from error
-        runtime = WorkerRuntime(engine, name, settings.CELERY_BROKER_URL, get_channel_layer(),
-                                engine_args.max_num_seqs)
         install_runtime(runtime)
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
-        runtime.start()
         worker = celery_app.Worker(
             hostname=f"tessera@{runtime.worker_id}", queues=[queue_for(name)], pool_cls="threads",
             concurrency=1, prefetch_multiplier=1, loglevel=options["log_level"].upper(),
