@@ -65,7 +65,8 @@ class Request:
         self.generator: torch.Generator | None = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator()
-            self.generator.manual_seed(sampling_params.seed * 1000003 + index)
+            # One stream per sample, from the request's seed (any int in SamplingParams.SEED_RANGE).
+            self.generator.manual_seed((sampling_params.seed * 1000003 + index) % (1 << 64))
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,11 +1,13 @@
 """Sampling parameters of one request, with the same names and meanings as vLLM's."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 @dataclass
@@ -85,6 +87,12 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad("n", "at least 1", self.n)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                bad(name, "a finite number", getattr(self, name))
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            bad("seed", f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", self.seed)
         if self.temperature < 0:
             bad("temperature", "non-negative", self.temperature)
         if not 0 < self.top_p <= 1:
@@ -109,7 +117,7 @@ class SamplingParams:
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 bad(name, f"between 0 and {MAX_LOGPROBS}", value)
         for token_id, bias in (self.logit_bias or {}).items():
-            if not -100 <= bias <= 100:
+            if not -100 <= bias <= 100:  # also rejects NaN
                 bad("logit_bias", "in [-100, 100] for every token", {token_id: bias})
         if any(not s for s in self.stop):
             bad("stop", "non-empty strings", self.stop)

@@ -16,14 +16,20 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
         The effective max_tokens (int, tokens).
     Raises:
         InvalidRequestError: empty prompt (param ``prompt``), a token id outside the
-            vocabulary (``prompt``), or prompt + max_tokens over ``max_model_len``
+            vocabulary (``prompt``, ``logit_bias``, ``stop_token_ids``), or prompt + max_tokens over ``max_model_len``
             (``max_tokens``, naming both numbers).
     """
     num_prompt = len(prompt_token_ids)
     if num_prompt == 0:
         raise InvalidRequestError("The prompt is empty; it must contain at least one token.", param="prompt")
-    if vocab_size is not None and any(t < 0 or t >= vocab_size for t in prompt_token_ids):
-        raise InvalidRequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
+    if vocab_size is not None:
+        if any(t < 0 or t >= vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
+        for param, ids in (("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)):
+            wrong = [t for t in ids if not 0 <= t < vocab_size]
+            if wrong:
+                raise InvalidRequestError(f"{param} token ids must be in [0, {vocab_size}); got {wrong[:5]}.",
+                                          param=param)
     if num_prompt >= max_model_len:
         raise InvalidRequestError(
             f"The prompt has {num_prompt} tokens, but this model's maximum context length is "

@@ -114,3 +114,24 @@ def test_bad_engine_arguments():
     with pytest.raises(InvalidRequestError) as info:
         LLM(no_such_flag=1)
     assert info.value.param == "no_such_flag"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", float("nan")),
+    ("repetition_penalty", float("nan")), ("frequency_penalty", float("inf")), ("seed", 2**64), ("seed", -(2**63) - 1),
+])
+def test_non_finite_and_out_of_range_values(field, value):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field
+
+
+@pytest.mark.timeout(120)
+def test_huge_seed_in_range_works_and_bad_token_ids_are_refused(engine):
+    engine.add_request("big-seed", "Hi", SamplingParams(seed=2**64 - 1, max_tokens=2))
+    for param, params in (("logit_bias", SamplingParams(logit_bias={10**7: 5})),
+                          ("stop_token_ids", SamplingParams(stop_token_ids=[-5]))):
+        with pytest.raises(InvalidRequestError) as info:
+            engine.add_request(f"bad-{param}", "Hi", params)
+        assert info.value.param == param
+    assert set(_finish_all(engine)) == {"big-seed"}
