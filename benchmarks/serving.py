@@ -4,7 +4,9 @@
 Sends a random-token workload to a running server's ``/v1/completions`` (streaming) and
 reports throughput, TTFT, TPOT and ITL. With ``--offline`` it then runs the same workload
 on an in-process ``LLMEngine`` (same concurrency) and reports the serving/offline
-throughput ratio and the median TTFT overhead of the serving path. ``--save-result``
+throughput ratio and the median TTFT overhead of the serving path; ``--paired-ttft``
+measures only that overhead, prompt by prompt (server, then in-process engine), which
+stays meaningful on a machine shared with other work. ``--save-result``
 writes everything, with the exact command, as JSON under ``--result-dir``.
 
 Example (server started with ``make serve``)::
@@ -23,7 +25,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,11 +118,9 @@ async def run_serving(args, prompts: list[list[int]]) -> tuple[list[RequestResul
 
 def run_offline(args, prompts: list[list[int]]) -> dict:
     """The same prompts on an in-process engine, at most ``--max-concurrency`` at once."""
-    sys.path.insert(0, str(ROOT))
-    from inference import EngineArgs, LLMEngine, SamplingParams
+    engine = _offline_engine(args)
+    from inference import SamplingParams
 
-    engine = LLMEngine.from_engine_args(EngineArgs(model=args.model, max_model_len=args.max_model_len,
-                                                   kv_cache_space=args.kv_cache_space))
     params = SamplingParams(temperature=0, max_tokens=args.random_output_len, ignore_eos=args.ignore_eos)
     limit = args.max_concurrency or len(prompts)
     pending = list(enumerate(prompts))
@@ -143,6 +143,40 @@ def run_offline(args, prompts: list[list[int]]) -> dict:
     ttfts = list(first_token.values())
     return {"duration": duration, "output_throughput": generated / duration, "total_output_tokens": generated,
             "median_ttft_ms": 1000 * statistics.median(ttfts), "mean_ttft_ms": 1000 * statistics.mean(ttfts)}
+
+
+def _offline_engine(args):
+    sys.path.insert(0, str(ROOT))
+    from inference import EngineArgs, LLMEngine
+
+    return LLMEngine.from_engine_args(EngineArgs(model=args.model, max_model_len=args.max_model_len,
+                                                 kv_cache_space=args.kv_cache_space))
+
+
+def run_paired_ttft(args, prompts: list[list[int]]) -> dict:
+    """TTFT overhead of the serving path, robust to a busy machine: each prompt goes once to
+    the server and then once to an in-process engine, one at a time, and the per-prompt
+    differences are summarized (max_tokens=1, so each side measures prefill only)."""
+    engine = _offline_engine(args)
+    from inference import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    served, offline = [], []
+    for i, prompt in enumerate(prompts):
+        body = {"model": args.model, "prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        result = asyncio.run(send_one(args.base_url, body))
+        start = time.perf_counter()
+        engine.add_request(f"paired-{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        if result.success and result.ttft:
+            served.append(1000 * result.ttft)
+            offline.append(1000 * (time.perf_counter() - start))
+    diffs = [s - o for s, o in zip(served, offline)]
+    return {"pairs": len(diffs), "median_served_ttft_ms": statistics.median(served),
+            "median_offline_ttft_ms": statistics.median(offline),
+            "median_ttft_overhead_ms": statistics.median(diffs), "mean_ttft_overhead_ms": statistics.mean(diffs)}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -213,6 +247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offline", action="store_true", help="Also run the workload on an in-process engine.")
+    p.add_argument("--paired-ttft", action="store_true",
+                   help="Only measure the TTFT overhead: each prompt to the server, then to an in-process engine.")
     p.add_argument("--max-model-len", type=int, default=2048, help="Offline engine's context (match the server's).")
     p.add_argument("--kv-cache-space", type=float, default=1.0, help="Offline engine's KV cache, GiB.")
     p.add_argument("--save-result", action="store_true")
@@ -225,6 +261,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     prompts = random_prompts(args.num_prompts, args.random_input_len, args.random_range_ratio, args.seed,
                              (1000, 30000))
+    if args.paired_ttft:
+        metrics = run_paired_ttft(args, prompts)
+        print("{s:{c}^50}".format(s=" Paired TTFT overhead (max_tokens=1) ", c="="))
+        for key, value in metrics.items():
+            print(f"{key + ':':<40}{value:<10.2f}" if isinstance(value, float) else f"{key + ':':<40}{value}")
+        return _save(args, argv, metrics)
     results, duration = asyncio.run(run_serving(args, prompts))
     metrics = summarize(results, duration)
     if args.offline:
@@ -232,10 +274,14 @@ def main(argv: list[str] | None = None) -> dict:
         metrics["throughput_ratio"] = metrics["output_throughput"] / metrics["offline"]["output_throughput"]
         metrics["median_ttft_overhead_ms"] = metrics["median_ttft_ms"] - metrics["offline"]["median_ttft_ms"]
     report(metrics)
+    return _save(args, argv, metrics)
+
+
+def _save(args: argparse.Namespace, argv: list[str] | None, metrics: dict) -> dict:
     if args.save_result:
         record = {"command": " ".join(["python", *sys.argv]) if argv is None else " ".join(argv),
                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": "tessera",
-                  "host_cpus": os.cpu_count(), **{k: v for k, v in vars(args).items()}, **metrics}
+                  "host_cpus": os.cpu_count(), "load_average_1_5_15m_at_end": os.getloadavg(), **{k: v for k, v in vars(args).items()}, **metrics}
         record["request_rate"] = str(args.request_rate)
         name = args.result_filename or time.strftime(
             f"serving-{args.model}-in{args.random_input_len}-out{args.random_output_len}-c{args.max_concurrency}"

@@ -7,14 +7,15 @@ thread-sensitive ``sync_to_async`` call of a request (the request_started signal
 most of the serving path's latency budget. So the API and the index page get a handler that
 
 * runs ``settings.API_MIDDLEWARE`` (none of the admin's session, CSRF, auth and messages
-  middleware), and
+  middleware);
 * uses no per-request context: thread-sensitive work (the ORM's rare, cached tenant
   lookups) runs on asgiref's one long-lived thread, which keeps its database connection;
 * skips Django's per-request database housekeeping (``reset_queries`` and
   ``close_old_connections`` on the request signals, three thread hops): those receivers
   are re-connected for Django's own handlers only.
 
-Together this takes the API's per-request cost from about 4 ms to about 1 ms.
+Measured on 2 CPU cores: ``GET /version`` through the ASGI app in-process went from 4.4 ms
+to 2.0 ms, and through Daphne (curl) from about 6 ms to about 4 ms.
 
 Only ``/admin/`` and ``/static/`` go through Django's stock handler with ``settings.MIDDLEWARE``.
 """

@@ -3,7 +3,6 @@ workers with the packaged SmolLM2, and Daphne serving the ASGI app. No mocks."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

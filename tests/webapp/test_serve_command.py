@@ -2,7 +2,6 @@
 and flags of features not built yet stop it with a clear message."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -151,7 +151,6 @@ class Generation:
                 for c, new_text in self._apply(message):
                     chunk = self._delta_chunk(c, new_text)
                     if chunk is not None:
-                        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} yield-chunk\n"); _s.stderr.flush()
                         yield formatting.sse(chunk)
             else:
                 if self.options.include_usage:

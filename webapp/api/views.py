@@ -54,7 +54,6 @@ async def chat_completions(request: HttpRequest, tenant) -> HttpResponse:
 @api_view("POST")
 async def completions(request: HttpRequest, tenant) -> HttpResponse:
     """POST /v1/completions (prompt: text, token ids, or a batch of either)."""
-    import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} view-start\n"); _s.stderr.flush()
     options, prompts = parse_completion(Body(parse_json_body(request.body)))
     served = get_served_model(options.model)
     tokenizer = await _tokenizer(served)

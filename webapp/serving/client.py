@@ -10,6 +10,7 @@ an error within ``SILENCE_CHECK + HEARTBEAT_TTL`` seconds (about 5 s) instead of
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -23,6 +24,7 @@ from webapp.tasks import GENERATE_TASK
 
 from . import registry
 from .messages import Message, is_final
+from .publish import unpack
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 
@@ -68,6 +70,7 @@ class GenerationStream:
         self._next_seq = {r.rid: 0 for r in requests}
         self._held: dict[tuple[str, int], Message] = {}
         self._receive: asyncio.Future | None = None
+        self._pending: collections.deque[Message] = collections.deque()  # unpacked, not yet handled
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
 
@@ -81,9 +84,7 @@ class GenerationStream:
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now} for r in self.requests]
-        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} enqueue-start\n"); _s.stderr.flush()
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
-        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} enqueue-done\n"); _s.stderr.flush()
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -102,13 +103,17 @@ class GenerationStream:
                     break
 
     async def _next_message(self) -> Message:
+        while not self._pending:
+            self._pending.extend(unpack(await self._receive_one(), self.reply))
+        return self._pending.popleft()
+
+    async def _receive_one(self) -> Message:
         if self._receive is None:
             self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
         while True:
             done, _ = await asyncio.wait({self._receive}, timeout=SILENCE_CHECK)
             if done:
                 receive, self._receive = self._receive, None
-                import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} daphne-received\n"); _s.stderr.flush()
                 return receive.result()
             await self._check_workers()
 

@@ -127,9 +127,7 @@ class EngineLoop(threading.Thread):
                 if self._stopping.is_set():
                     break
                 if self.engine.has_unfinished_requests():
-                    import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} step-start\n"); _s.stderr.flush()
                     outputs = self.engine.step()
-                    import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} step-end\n"); _s.stderr.flush()
                     self.num_steps += 1
                     if outputs:
                         self._finish(outputs)

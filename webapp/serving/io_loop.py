@@ -141,9 +141,7 @@ class WorkerIO(threading.Thread):
                 self._seq.pop(rid, None)
                 cleanup.append(("delete", (registry.claim_key(rid),), {}))
         if items or cleanup:
-            import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} publish-start\n"); _s.stderr.flush()
             await bulk_send(self.layer, items, cleanup)
-            import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} publish-done\n"); _s.stderr.flush()
 
     def _observe(self, message: dict, step_time: float) -> None:
         outputs = message["outputs"]

@@ -1,9 +1,13 @@
 """Send many Channels messages in one Redis round trip.
 
-``channels_redis`` sends one message per call (four commands each). A worker publishes the
-coalesced deltas of a whole engine step at once, so it writes them here with a single
-pipeline in the layer's own storage format (its serializer, key names and expiry), which
-the layer's ``receive`` in the web process reads unchanged.
+``channels_redis`` sends one message per call (four commands each), and its ``receive``
+costs four more round trips per message in the web process. A worker publishes the
+coalesced deltas of a whole engine step at once: here, all messages for the channels of one
+web process (which share one Redis key) become a single *batch* message addressed to all of
+them, the way the layer's own ``group_send`` addresses one message to many channels. It is
+written with one pipeline in the layer's storage format (serializer, key names, expiry),
+so the layer's ``receive`` delivers it unchanged to every channel in it; each receiver takes
+its own messages out with :func:`unpack`.
 """
 from __future__ import annotations
 
@@ -23,30 +27,44 @@ def _next_score() -> float:
     return _last_score
 
 
+BATCH_TYPE = "tessera.batch"
+
+
+def unpack(message: dict[str, Any], channel: str) -> list[dict[str, Any]]:
+    """The messages for ``channel`` in what ``layer.receive(channel)`` returned, in send order."""
+    if message.get("type") == BATCH_TYPE:
+        return list(message["messages"].get(channel, ()))
+    return [message]
+
+
 async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, Any]]],
                     extra_commands: list[tuple[str, tuple, dict]] | None = None) -> None:
     """Send ``(channel, message)`` pairs; messages to one channel arrive in list order.
 
-    Must run on the event loop that owns the layer's connections in this thread.
-    ``extra_commands`` (``(method, args, kwargs)`` on the Redis client) ride in the same pipeline.
-    The layer's per-channel capacity is not checked (the settings size it for all streams).
+    Process-specific channels (``name!suffix``) of one process get one batch message
+    (read it with :func:`unpack`); other channels get one message each. Must run on the
+    event loop that owns the layer's connections in this thread. ``extra_commands``
+    (``(method, args, kwargs)`` on the Redis client) ride in the same pipeline. The layer's
+    per-channel capacity is not checked (the settings size it for all streams).
     """
-    by_index: dict[int, dict[bytes | str, dict[bytes, float]]] = defaultdict(lambda: defaultdict(dict))
+    batches: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    members: dict[int, dict[str, dict[bytes, float]]] = defaultdict(lambda: defaultdict(dict))
     for channel, message in items:
-        key_name = channel
         if "!" in channel:
-            message = dict(message, __asgi_channel__=channel)
-            key_name = layer.non_local_name(channel)
-        index = layer.consistent_hash(key_name) if "!" in channel else 0
-        by_index[index][layer.prefix + key_name][layer.serialize(message)] = _next_score()
-    if not by_index and extra_commands:
-        by_index[0] = {}
+            batches[layer.non_local_name(channel)][channel].append(message)
+        else:
+            members[0][layer.prefix + channel][layer.serialize(message)] = _next_score()
+    for key_name, by_channel in batches.items():
+        batch = {"type": BATCH_TYPE, "messages": dict(by_channel), "__asgi_channel__": list(by_channel)}
+        members[layer.consistent_hash(key_name)][layer.prefix + key_name][layer.serialize(batch)] = _next_score()
+    if not members and extra_commands:
+        members[0] = {}
     expiry = int(layer.expiry)
-    for index, keys in by_index.items():
+    for index, keys in members.items():
         pipe = layer.connection(index).pipeline(transaction=False)
-        for key, members in keys.items():
+        for key, scored in keys.items():
             pipe.zremrangebyscore(key, min=0, max=int(time.time()) - expiry)
-            pipe.zadd(key, members)
+            pipe.zadd(key, scored)
             pipe.expire(key, expiry)
         if index == 0:
             for method, args, kwargs in extra_commands or ():

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ from .io_loop import WorkerIO
 logger = logging.getLogger(__name__)
 
 SLOT_POLL = 0.5  # seconds between checks for shutdown while waiting for a slot
+GIL_SWITCH_INTERVAL = 0.0005  # seconds
 
 
 class WorkerShuttingDown(Exception):
@@ -66,6 +68,9 @@ class WorkerRuntime:
         Raises:
             what building the engine raised (``ModelLoadError``, ``NotSupportedYetError``, ...).
         """
+        # The engine thread holds the GIL between torch calls; with the default 5 ms switch
+        # interval the I/O thread could wait that long to publish a step's tokens.
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         self.engine = self.loop.start_and_wait()
         self.io.start_and_wait()
         logger.info("worker %s serves %s (control channel %s)", self.worker_id, self.model, self.io.control_channel)
@@ -79,7 +84,6 @@ class WorkerRuntime:
         Raises:
             WorkerShuttingDown: the worker is stopping before the request got a slot.
         """
-        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} task-start\n"); _s.stderr.flush()
         while not self.loop.acquire_slot(SLOT_POLL):
             if self._closing.is_set() or not self.loop.is_alive():
                 raise WorkerShuttingDown()
@@ -100,7 +104,6 @@ class WorkerRuntime:
         arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
         self.io.add_route(rid, payload["reply"])
         self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival))
-        import time as _t, sys as _s; _s.stderr.write(f"TRACE {_t.time():.6f} submitted\n"); _s.stderr.flush()
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""
