@@ -36,6 +36,16 @@ def test_wrong_types_and_ranges_name_the_param(stack, field, value):
     assert error["param"] == field, error
 
 
+@pytest.mark.parametrize("extra, field", [
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"), ({"max_completion_tokens": -5}, "max_completion_tokens"),
+    ({"seed": 2**70}, "seed"), ({"logit_bias": {"999999": 5}}, "logit_bias"),
+])
+def test_errors_name_the_field_the_client_sent(stack, extra, field):
+    body = {"model": MODEL, "messages": CHAT, **extra}
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", body), 400)
+    assert error["param"] == field and field in error["message"], error
+
+
 def test_missing_messages_and_prompt(stack):
     assert _error(http("POST", stack.base_url + "/v1/chat/completions", {"model": MODEL}), 400)["param"] == "messages"
     assert _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL}), 400)["param"] == "prompt"

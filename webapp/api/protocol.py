@@ -102,6 +102,8 @@ class GenerationOptions:
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
+    # engine parameter name -> the body field the client sent it as (for error messages)
+    field_names: dict[str, str] = field(default_factory=dict)
 
     def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
         """Build (and so validate) the sampling parameters.
@@ -115,6 +117,9 @@ class GenerationOptions:
         try:
             return SamplingParams(**values)
         except InvalidRequestError as error:
+            sent_as = self.field_names.get(error.param or "")
+            if sent_as:
+                error = InvalidRequestError(str(error).replace(error.param, sent_as, 1), param=sent_as)
             raise APIError.from_engine(error) from None
 
 
@@ -131,8 +136,10 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     include_usage = bool(Body(stream_options or {}, "stream_options.").get("include_usage", bool, False))
     max_tokens = body.get("max_tokens", int, None)
-    if chat:
-        max_tokens = body.get("max_completion_tokens", int, max_tokens)
+    field_names = {}
+    if chat and body.get("max_completion_tokens", int, None) is not None:
+        max_tokens = body.get("max_completion_tokens", int, None)
+        field_names["max_tokens"] = "max_completion_tokens"
     priority = body.get("priority", int, 0)
     if priority != 0:
         raise bad_request("'priority' other than 0 needs priority scheduling, which is not supported yet.",
@@ -170,7 +177,7 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if best_of is not None and best_of != sampling["n"]:
         raise bad_request("'best_of' different from 'n' is not supported.", param="best_of")
     return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
-                             sampling=sampling)
+                             sampling=sampling, field_names=field_names)
 
 
 def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dict[str, Any]]:
@@ -200,6 +207,8 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     if top_logprobs is not None and not logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     options.sampling["logprobs"] = (top_logprobs or 0) if logprobs else None
+    if top_logprobs is not None:
+        options.field_names["logprobs"] = "top_logprobs"
     template = {
         "add_generation_prompt": body.get("add_generation_prompt", bool, True),
         "continue_final_message": body.get("continue_final_message", bool, False),
