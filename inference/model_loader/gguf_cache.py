@@ -9,7 +9,7 @@ triggers a fresh conversion; old entries are left for the user to delete.
 A cache hit only stats the GGUF file and the cache entry: it never opens the GGUF
 file nor imports transformers or gguf.
 
-Writes are atomic: a conversion goes into ``.<entry>.partial-XXXX`` in the same parent
+Writes are atomic: a conversion goes into ``.<entry>.partial-<random>`` in the same parent
 and is renamed to ``<entry>`` once complete, so an interrupted conversion never leaves
 an entry that looks usable. Two processes converting the same file at once both work;
 the first rename wins and the loser discards its copy.
