@@ -90,8 +90,7 @@ class LLM:
                 engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None)
                 ids.append(request_id)
         except Exception:
-            engine.abort_request(ids)
-            engine.step()  # drain the abort outputs
+            engine.abort_request(ids, report=False)  # nothing of this call stays queued
             raise
         return ids
 

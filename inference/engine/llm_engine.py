@@ -122,9 +122,9 @@ class LLMEngine:
             self.scheduler.add_request(child)
         return request_id
 
-    def abort_request(self, request_ids: str | list[str]) -> None:
-        """Abort requests at once: their blocks return to the pool, and the next ``step()``
-        reports them with ``finish_reason="abort"``. Unknown or finished ids are ignored."""
+    def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
+        """Abort requests at once: their blocks return to the pool, and (with ``report``) the next
+        ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids are ignored."""
         for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
             parent = self._parents.pop(request_id, None)
             if parent is None:
@@ -136,7 +136,8 @@ class LLMEngine:
                     delta = parent.states[child.request_id].take_delta()
                     delta.finish_reason = "abort"
                     outputs.append(delta)
-            self._aborted_outputs.append(self._request_output(parent, outputs, finished=True))
+            if report:
+                self._aborted_outputs.append(self._request_output(parent, outputs, finished=True))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents) or bool(self._aborted_outputs)

@@ -135,3 +135,15 @@ def test_huge_seed_in_range_works_and_bad_token_ids_are_refused(engine):
             engine.add_request(f"bad-{param}", "Hi", params)
         assert info.value.param == param
     assert set(_finish_all(engine)) == {"big-seed"}
+
+
+@pytest.mark.timeout(120)
+def test_llm_generate_with_one_bad_prompt_queues_nothing():
+    llm = LLM(max_model_len=128, kv_cache_space=0.2)
+    with pytest.raises(InvalidRequestError):
+        llm.generate(["Hello", ""], SamplingParams(max_tokens=4))
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
