@@ -63,6 +63,7 @@ def run_tessera(args, prompts, outputs) -> dict:
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
     produced, steps, occupancy, metrics = 0, 0, [], {}
+    engine.device_wait_seconds = 0.0
     start = time.perf_counter()
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), prompt, sp)
@@ -80,6 +81,7 @@ def run_tessera(args, prompts, outputs) -> dict:
     ttft = sorted(m["first_token"] - m["arrival"] for m in metrics.values())
     tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[int(k)] - 1, 1) for k, m in metrics.items())
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
+            "device_wait_s": engine.device_wait_seconds,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
             "kv_slot_occupancy_min": min(occupancy, default=None),

@@ -54,9 +54,9 @@ def logprobs_entry(tokenizer, ids: torch.Tensor, values: torch.Tensor, sampled_r
     return entry
 
 
-def process_sampled_token(request: Request, state: SequenceOutputState, token_id: int,
-                          logprobs, tokenizer) -> RequestStatus | None:
-    """Append one sampled token and update the pending delta.
+def append_sampled_token(request: Request, token_id: int, max_model_len: int) -> RequestStatus | None:
+    """The cheap half of output processing, done before the next step is scheduled: append the
+    token and decide the finishes that token ids alone imply (stop token, EOS, length limits).
 
     Returns:
         The finish status if the request finished with this token, else None.
@@ -65,6 +65,19 @@ def process_sampled_token(request: Request, state: SequenceOutputState, token_id
         request.first_token_time = time.monotonic()
     request.append_output_token(token_id)
     status = check_stop_token(request, token_id)
+    if status is None and request.num_tokens >= max_model_len:
+        status = RequestStatus.FINISHED_LENGTH
+    return status
+
+
+def detokenize_sampled_token(request: Request, state: SequenceOutputState, token_id: int, logprobs,
+                             status: RequestStatus | None, tokenizer) -> RequestStatus | None:
+    """The text half, done while the device runs the next step: detokenize ``token_id``, look for
+    stop strings and add text, token and logprobs to the pending delta.
+
+    Returns:
+        ``status``, or FINISHED_STOPPED when a stop string ended the text here.
+    """
     delta_text, stop_str = state.detokenizer.update([token_id], finished=status is not None)
     if stop_str is not None:
         status = RequestStatus.FINISHED_STOPPED

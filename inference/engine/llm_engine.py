@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
-from ..core.output_processor import SequenceOutputState, logprobs_entry, process_sampled_token
+from ..core.output_processor import (SequenceOutputState, append_sampled_token, detokenize_sampled_token,
+                                     logprobs_entry)
 from ..core.scheduler import Scheduler
 from ..errors import InvalidRequestError
 from ..kv_cache import KVCacheManager
@@ -79,6 +80,8 @@ class LLMEngine:
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
         self._aborted_outputs: list[RequestOutput] = []
+        self._inflight = None  # (SchedulerOutput, StepHandle) of the launched, not yet collected step
+        self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -140,53 +143,90 @@ class LLMEngine:
                 self._aborted_outputs.append(self._request_output(parent, outputs, finished=True))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._parents) or bool(self._aborted_outputs)
+        return bool(self._parents) or bool(self._aborted_outputs) or self._inflight is not None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
 
     # ---- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the model, process the sampled tokens.
+        """One iteration, pipelined so that the device never waits for detokenization:
+
+        1. wait for the tokens of the step launched by the previous call, append them and decide
+           the finishes token ids imply (EOS, stop tokens, lengths);
+        2. schedule and launch the next step (the device starts on it);
+        3. while it runs, detokenize the tokens of 1 (stop strings, logprobs) into deltas.
+
+        A request that a stop string ends in 3 was already launched in 2; that extra token is
+        dropped when it arrives. On CPU, step 2 runs to completion before 3 (no overlap).
 
         Returns:
-            Deltas for every request that progressed (new text and token ids since the previous
-            step; ``finished`` set on the last one), aborted ones included.
+            Deltas for every request that progressed (new text and token ids; ``finished`` set
+            on the last one), aborted ones included.
+        Raises:
+            RuntimeError: the KV pool cannot hold even one waiting request.
         """
         outputs, self._aborted_outputs = self._aborted_outputs, []
+        sampled = self._finish_inflight()
         sched_out = self.scheduler.schedule()
-        if sched_out.is_empty:
-            if self.scheduler.num_unfinished and not self.scheduler.running:
-                raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
-            return outputs
-        runner_out = self.runner.execute(sched_out)
-        self.scheduler.update_after_step(sched_out)
-        touched: dict[str, _ParentRequest] = {}
-        sampled = iter(zip(runner_out.sampled_token_ids, runner_out.logprobs))
-        for item in sched_out.scheduled:
-            req = item.request
-            parent = self._parents[req.parent_id]
-            if req.request_id in runner_out.prompt_logprobs:
-                self._record_prompt_logprobs(parent, req, item, runner_out.prompt_logprobs[req.request_id])
-            if req.num_output_tokens == 0 and req.num_computed_tokens - item.num_scheduled_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens
-            if not item.samples:
-                continue
-            token_id, logprobs = next(sampled)
-            self.generation_tokens_total += 1
-            status = process_sampled_token(req, parent.states[req.request_id], token_id, logprobs, self.tokenizer)
-            if status is None and req.num_tokens >= self.max_model_len:
-                status = RequestStatus.FINISHED_LENGTH
-                parent.states[req.request_id].pending.finish_reason = status.value
-            if status is not None:
-                self.scheduler.finish_request(req, status)
-                parent.finished_children.add(req.request_id)
-            touched[parent.request_id] = parent
-        for parent in touched.values():
-            outputs.append(self._collect(parent))
+        if not sched_out.is_empty:
+            self._inflight = (sched_out, self.runner.execute_async(sched_out))
+        elif not sampled and self.scheduler.num_unfinished and not self.scheduler.running:
+            raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
+        outputs.extend(self._detokenize(sampled))
         return outputs
 
-    def _record_prompt_logprobs(self, parent, req, item, data) -> None:
+    def _finish_inflight(self) -> list[tuple]:
+        """Step 1 of ``step()``: returns ``(parent, request, token_id, logprobs, status)`` per sampled token
+        and ``(parent, request, None, prompt_logprobs, None)`` per prompt-logprob chunk."""
+        if self._inflight is None:
+            return []
+        sched_out, handle = self._inflight
+        self._inflight = None
+        waited = time.perf_counter()
+        runner_out = handle.result()
+        self.device_wait_seconds += time.perf_counter() - waited
+        self.scheduler.update_after_step(sched_out)
+        sampled = iter(zip(runner_out.sampled_token_ids, runner_out.logprobs))
+        result = []
+        for item in sched_out.scheduled:
+            req = item.request
+            token = next(sampled) if item.samples else None
+            parent = self._parents.get(req.parent_id)
+            if parent is None or req.is_finished:  # aborted, or ended by a stop string while in flight
+                continue
+            if req.request_id in runner_out.prompt_logprobs:
+                result.append((parent, req, None, runner_out.prompt_logprobs[req.request_id], None))
+            if req.num_output_tokens == 0 and req.num_computed_tokens - item.num_scheduled_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens
+            if token is None:
+                continue
+            self.generation_tokens_total += 1
+            status = append_sampled_token(req, token[0], self.max_model_len)
+            if status is not None:
+                self.scheduler.finish_request(req, status)
+            result.append((parent, req, token[0], token[1], status))
+        return result
+
+    def _detokenize(self, sampled: list[tuple]) -> list[RequestOutput]:
+        """Step 3 of ``step()``: text deltas of the tokens from step 1."""
+        touched: dict[str, _ParentRequest] = {}
+        for parent, req, token_id, logprobs, status in sampled:
+            if parent.request_id not in self._parents:  # aborted meanwhile
+                continue
+            if token_id is None:
+                self._record_prompt_logprobs(parent, req, logprobs)
+                continue
+            status = detokenize_sampled_token(req, parent.states[req.request_id], token_id, logprobs, status,
+                                              self.tokenizer)
+            if status is not None:
+                if not req.is_finished:  # a stop string: the token ids alone did not finish it
+                    self.scheduler.finish_request(req, status)
+                parent.finished_children.add(req.request_id)
+            touched[parent.request_id] = parent
+        return [self._collect(parent) for parent in touched.values()]
+
+    def _record_prompt_logprobs(self, parent, req, data) -> None:
         if req.index != 0:
             return
         if parent.prompt_logprobs is None:

@@ -1,6 +1,9 @@
 """Architecture name -> model class, and model construction on the target device and dtype."""
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -30,12 +33,15 @@ def architecture_of(hf_config) -> str:
         f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}.")
 
 
-def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None) -> nn.Module:
+def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None,
+                check_fits: Callable[[int], None] | None = None) -> nn.Module:
     """Construct the model directly on ``device`` in ``dtype`` and load its weights.
 
     Args:
         weights: iterable of ``(hf_name, tensor)``; None initialises random weights
             (``load_format="dummy"``: normal(0, 0.02), norms at 1).
+        check_fits: called with the bytes of the parameters and buffers before any device memory is
+            taken; it raises when they cannot fit (so that start-up never ends in a raw out-of-memory trace).
     Raises:
         UnsupportedArchitectureError, ModelLoadError: missing or mis-shaped tensors.
     """
@@ -48,6 +54,8 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
             model = cls(hf_config, arch, max_position)
     finally:
         torch.set_default_dtype(previous)
+    if check_fits is not None:
+        check_fits(sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers())))
     model.to_empty(device=device)
     for module in model.modules():
         if hasattr(module, "reset_buffers"):

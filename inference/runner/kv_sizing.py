@@ -2,6 +2,8 @@
 the weights and a profiled activation peak."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..attention import AttentionMetadata, PrefillSegment
@@ -61,7 +63,15 @@ def num_kv_blocks(config: EngineConfig, model, weights_bytes: int, block_bytes: 
         budget = cache.kv_cache_space * GiB
         where = f"kv_cache_space={cache.kv_cache_space} GiB"
     else:
-        activation = profile_activation_peak(model, config, num_kv_heads, head_dim)
+        try:
+            activation = profile_activation_peak(model, config, num_kv_heads, head_dim)
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise InvalidRequestError(
+                f"A forward pass of max_num_batched_tokens={config.scheduler.max_num_batched_tokens} tokens ran out "
+                f"of GPU memory after the weights ({weights_bytes / GiB:.2f} GiB) were loaded. Remedies: lower "
+                "max_num_batched_tokens or max_num_seqs, quantize the model, add tensor parallelism, or free "
+                "the GPU.", param="max_num_batched_tokens") from exc
         free, total = torch.cuda.mem_get_info()
         others = total - free - torch.cuda.memory_allocated()
         budget = total * cache.gpu_memory_utilization - others - torch.cuda.memory_allocated() - activation
@@ -78,3 +88,36 @@ def num_kv_blocks(config: EngineConfig, model, weights_bytes: int, block_bytes: 
             "max_num_batched_tokens, enable chunked prefill, quantize the model or add tensor parallelism.",
             param="max_model_len")
     return blocks
+
+
+def check_weights_fit(weights_bytes: int, free_bytes: int, total_bytes: int, gpu_memory_utilization: float) -> None:
+    """Refuse a model whose weights exceed the device memory the engine may use.
+
+    Args:
+        weights_bytes: parameters and buffers of the model (bytes).
+        free_bytes, total_bytes: the device's free and total memory now (``torch.cuda.mem_get_info``).
+    Raises:
+        InvalidRequestError: the weights do not fit, with the numbers and the remedies.
+    """
+    used_by_others = total_bytes - free_bytes
+    budget = total_bytes * gpu_memory_utilization - used_by_others
+    if weights_bytes <= budget:
+        return
+    raise InvalidRequestError(
+        f"The model weights need {weights_bytes / GiB:.2f} GiB but only {max(budget, 0) / GiB:.2f} GiB may be used "
+        f"(gpu_memory_utilization={gpu_memory_utilization} of {total_bytes / GiB:.1f} GiB, "
+        f"{used_by_others / GiB:.2f} GiB already in use by other processes), and the KV cache needs room "
+        "beyond that. Remedies: quantize the model (--quantization awq|gptq|fp8), split it with "
+        "--tensor-parallel-size, use a smaller dtype (bfloat16/float16 instead of float32), raise "
+        "gpu_memory_utilization, or free the GPU.", param="gpu_memory_utilization")
+
+
+def device_memory_check(config: EngineConfig) -> Callable[[int], None] | None:
+    """``build_model``'s ``check_fits`` for a CUDA device (None on CPU, where memory is not reserved)."""
+    if not config.device.startswith("cuda"):
+        return None
+
+    def check(weights_bytes: int) -> None:
+        free, total = torch.cuda.mem_get_info(torch.device(config.device))
+        check_weights_fit(weights_bytes, free, total, config.cache.gpu_memory_utilization)
+    return check

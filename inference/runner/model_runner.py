@@ -14,7 +14,7 @@ from ..models import build_model
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .cuda_graph import decode_split_plan, graph_batch_sizes
 from .input_batch import prepare_inputs
-from .kv_sizing import GiB, bytes_per_block
+from .kv_sizing import GiB, bytes_per_block, device_memory_check
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,8 @@ class ModelRunner:
         hf = config.hf_config
         weights = None if config.load_format == "dummy" else iter_weights(config.model_dir)
         torch.manual_seed(config.seed)
-        self.model = build_model(hf, config.dtype, self.device, config.max_model_len, weights)
+        self.model = build_model(hf, config.dtype, self.device, config.max_model_len, weights,
+                                 check_fits=device_memory_check(config))
         self.vocab_size = hf.vocab_size
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
@@ -75,9 +76,18 @@ class ModelRunner:
                     self.weights_bytes / GiB, kv_bytes / GiB, self.num_blocks, self.block_size,
                     max_len, concurrency)
 
-    @torch.inference_mode()
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the forward pass of one step and sample a token for each request that reached its end."""
+        """Run one step and wait for its sampled tokens (``execute_async(...).result()``)."""
+        return self.execute_async(sched_out).result()
+
+    @torch.inference_mode()
+    def execute_async(self, sched_out: SchedulerOutput) -> "StepHandle":
+        """Launch the forward pass and sampling of one step without waiting for the device.
+
+        The sampled tokens (and logprobs) are copied to host memory behind the step on the current
+        stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
+        (detokenizing the previous step) while the device runs this one.
+        """
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
@@ -88,27 +98,13 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         sampling = [s.request for s in sched_out.scheduled if s.samples]
-        token_ids: list[int] = []
-        logprobs: list = []
+        sampled = None
         if sampling:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device)
             sampled = self.sampler(logits, meta)
-            token_ids = sampled.token_ids.tolist()
-            logprobs = self._split_logprobs(sampling, sampled)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
-        return ModelRunnerOutput(token_ids, logprobs, prompt_logprobs)
-
-    @staticmethod
-    def _split_logprobs(requests, sampled) -> list:
-        if sampled.logprobs is None:
-            return [None] * len(requests)
-        ids, values, ranks = sampled.logprob_token_ids.cpu(), sampled.logprobs.cpu(), sampled.sampled_ranks.cpu()
-        result = []
-        for i, req in enumerate(requests):
-            k = req.sampling_params.logprobs
-            result.append(None if k is None else (ids[i, :k + 1], values[i, :k + 1], int(ranks[i])))
-        return result
+        return StepHandle(sampling, sampled, prompt_logprobs)
 
     def _prompt_logprobs(self, sched_out, inputs, hidden) -> dict:
         result = {}
@@ -121,5 +117,50 @@ class ModelRunner:
             logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
             targets = torch.tensor([req.prompt_token_ids[p] for p in scored], device=logprobs.device)
             ids, values, ranks = compute_topk_logprobs(logprobs, targets, req.sampling_params.prompt_logprobs)
-            result[req.request_id] = (ids.cpu(), values.cpu(), ranks.cpu())
+            result[req.request_id] = (ids, values, ranks)
         return result
+
+
+class StepHandle:
+    """A launched step: its sampled tokens are on their way to host memory.
+
+    ``result()`` blocks until the device has produced them (the step's only host synchronisation)
+    and returns the ``ModelRunnerOutput``.
+    """
+
+    def __init__(self, requests: list, sampled, prompt_logprobs: dict) -> None:
+        self._requests = requests
+        self._sampled = sampled
+        self._prompt_logprobs = prompt_logprobs
+        self._host_tokens = None
+        self._event = None
+        if sampled is not None and sampled.token_ids.is_cuda:
+            self._host_tokens = torch.empty(sampled.token_ids.shape, dtype=sampled.token_ids.dtype, pin_memory=True)
+            self._host_tokens.copy_(sampled.token_ids, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> ModelRunnerOutput:
+        if self._sampled is None:
+            token_ids: list[int] = []
+            logprobs: list = []
+        else:
+            if self._event is not None:
+                self._event.synchronize()
+                token_ids = self._host_tokens.tolist()
+            else:
+                token_ids = self._sampled.token_ids.tolist()
+            logprobs = _split_logprobs(self._requests, self._sampled)
+        prompt = {rid: tuple(t.cpu() for t in data) for rid, data in self._prompt_logprobs.items()}
+        return ModelRunnerOutput(token_ids, logprobs, prompt)
+
+
+def _split_logprobs(requests, sampled) -> list:
+    if sampled.logprobs is None:
+        return [None] * len(requests)
+    ids, values, ranks = sampled.logprob_token_ids.cpu(), sampled.logprobs.cpu(), sampled.sampled_ranks.cpu()
+    result = []
+    for i, req in enumerate(requests):
+        k = req.sampling_params.logprobs
+        result.append(None if k is None else (ids[i, :k + 1], values[i, :k + 1], int(ranks[i])))
+    return result
