@@ -88,7 +88,11 @@ class ModelRunner:
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
         (detokenizing the previous step) while the device runs this one.
         """
+        # Every host-to-device copy of the step happens before its first kernel: a copy from pageable
+        # memory waits for the stream, so one issued after the forward would wait for the forward.
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
+        sampling = [s.request for s in sched_out.scheduled if s.samples]
+        sampling_meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device) if sampling else None
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
             inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
@@ -97,12 +101,10 @@ class ModelRunner:
             hidden = self.graph_runner.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        sampling = [s.request for s in sched_out.scheduled if s.samples]
         sampled = None
         if sampling:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device)
-            sampled = self.sampler(logits, meta)
+            sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
 
