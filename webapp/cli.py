@@ -14,6 +14,8 @@ assert DEFAULT_MODEL in PACKAGED_MODEL_NAMES
 ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--served-model-name": ("served_model_name", {"help": "Name clients send as 'model' (default: MODEL)."}),
     "--tokenizer": ("tokenizer", {"help": "Tokenizer directory, when it is not the model's."}),
+    "--load-format": ("load_format", {"default": "auto", "choices": ["auto", "dummy"],
+                                      "help": "dummy: random weights (a config-only directory or a benchmark shape)."}),
     "--dtype": ("dtype", {"default": "auto", "choices": ["auto", "float32", "float", "bfloat16", "float16", "half"],
                           "help": "Weight and activation dtype (auto: float32 on CPU)."}),
     "--max-model-len": ("max_model_len", {"type": int, "help": "Context length (prompt + output), in tokens."}),

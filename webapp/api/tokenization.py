@@ -64,7 +64,7 @@ class Tokenizer:
     """A served model's Hugging Face tokenizer and its chat template."""
 
     def __init__(self, served: ServedModel) -> None:
-        resolved = resolve_model(served.model, served.tokenizer)
+        resolved = resolve_model(served.model, served.tokenizer, load_format="dummy")  # tokenizer only: no weights read
         self.hf = load_tokenizer(resolved.tokenizer_dir)
         self._template_option = served.chat_template
 
