@@ -108,6 +108,7 @@ TESSERA = {
     "TOKENIZER": ENV.tokenizer,
     "CHAT_TEMPLATE": ENV.chat_template,
     "API_KEY": ENV.api_key,
+    "KEY_ONLY": ENV.key_only,
 }
 
 LOGGING = {
