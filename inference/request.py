@@ -40,11 +40,12 @@ class Request:
         block_ids: the block table, list of physical block ids.
         max_tokens: effective output limit (tokens).
         generator: per-request ``torch.Generator`` when ``sampling_params.seed`` is set.
+        tenant_id: the tenant whose GPU share the request runs on (None: the engine's own).
     """
 
     def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, max_tokens: int, arrival_time: float | None = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, tenant_id: str | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id
         self.index = index
@@ -55,6 +56,7 @@ class Request:
         self.max_tokens = max_tokens
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.priority = priority
+        self.tenant_id = tenant_id
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []

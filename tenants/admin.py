@@ -1,10 +1,95 @@
-from django.contrib import admin
+"""Admin: tenants (shares, limits, members), API keys (secret shown once; revoke) and usage."""
+from __future__ import annotations
 
-from .models import Tenant
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from .models import ApiKey, Tenant, Usage
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ("prefix", "name", "state", "created", "expires_at", "revoked_at", "last_used_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:  # keys are issued on their own page
+        return False
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "active", "created")
+    list_display = ("slug", "name", "active", "gpu_share", "priority", "max_concurrent_requests",
+                    "requests_per_minute", "tokens_per_minute", "daily_token_budget")
+    list_editable = ("active", "gpu_share")
     list_filter = ("active",)
     search_fields = ("slug", "name")
+    filter_horizontal = ("members",)
+    inlines = [ApiKeyInline]
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "active", "members")}),
+        ("GPU share", {"fields": ("gpu_share", "priority")}),
+        ("Limits (empty: none)", {"fields": ("max_concurrent_requests", "requests_per_minute",
+                                             "tokens_per_minute", "daily_token_budget", "allowed_models")}),
+    )
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Adding a key generates its secret and shows it on the next page, once; it is never stored."""
+
+    list_display = ("prefix", "tenant", "name", "state", "created", "expires_at", "last_used_at")
+    list_filter = ("tenant",)
+    search_fields = ("prefix", "name", "tenant__slug")
+    readonly_fields = ("prefix", "created", "revoked_at", "last_used_at")
+    actions = ["revoke"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("tenant", "name", "expires_at")
+        return ("tenant", "name", "prefix", "created", "expires_at", "revoked_at", "last_used_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields + (("tenant",) if obj is not None else ())
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
+        if not change:
+            secret = ApiKey.new_secret()
+            obj.set_secret(secret)
+            request._tessera_new_secret = secret  # for response_add only; never in the session or messages
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: ApiKey, post_url_continue=None) -> HttpResponse:
+        secret = getattr(request, "_tessera_new_secret", None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {**self.admin_site.each_context(request), "key": obj, "secret": secret,
+                   "opts": self.model._meta, "title": "API key created"}
+        response = TemplateResponse(request, "admin/tenants/apikey/issued.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset) -> None:
+        keys = [k for k in queryset if k.revoked_at is None]
+        for key in keys:
+            key.revoke()
+        self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
+
+
+@admin.register(Usage)
+class UsageAdmin(admin.ModelAdmin):
+    list_display = ("hour", "tenant", "model", "requests", "prompt_tokens", "completion_tokens",
+                    "errors_invalid_request", "errors_rate_limited", "errors_unavailable", "errors_aborted",
+                    "errors_internal")
+    list_filter = ("tenant", "model")
+    date_hierarchy = "hour"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -18,8 +18,10 @@ from webapp.handlers import http_application  # noqa: E402
 
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 from webapp.api.tokenization import warm_up_tokenizers  # noqa: E402
+from tenants.shares import publish as publish_tenant_shares  # noqa: E402
 
 warm_up_tokenizers()
+publish_tenant_shares()  # the workers' GPU shares, also when Redis started empty
 
 application = ProtocolTypeRouter({
     "http": http_application(),

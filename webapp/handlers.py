@@ -17,7 +17,8 @@ most of the serving path's latency budget. So the API and the index page get a h
 Measured on 2 CPU cores: ``GET /version`` through the ASGI app in-process went from 4.4 ms
 to 2.0 ms, and through Daphne (curl) from about 6 ms to about 4 ms.
 
-Only ``/admin/`` and ``/static/`` go through Django's stock handler with ``settings.MIDDLEWARE``.
+Only ``/admin/``, the tenant pages (``/tenants/``) and ``/static/`` go through Django's stock handler
+with ``settings.MIDDLEWARE``.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import close_old_connections, reset_queries
 
-ADMIN_PREFIXES = ("/admin/", "/" + settings.STATIC_URL.lstrip("/"))
+ADMIN_PREFIXES = ("/admin/", "/tenants/", "/" + settings.STATIC_URL.lstrip("/"))
 
 
 class APIHandler(ASGIHandler):
@@ -47,7 +48,7 @@ class APIHandler(ASGIHandler):
 
 
 class PathDispatcher:
-    """Send ``/admin/`` and static files to the full Django stack, everything else to the API."""
+    """Send ``/admin/``, ``/tenants/`` and static files to the full Django stack, everything else to the API."""
 
     def __init__(self, api, admin) -> None:
         self.api = api

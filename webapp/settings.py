@@ -29,7 +29,7 @@ MIDDLEWARE = [
 ]
 
 # The API needs none of the above; each would cost two thread hops per request under ASGI
-# (see webapp/handlers.py). Only /admin/ and /static/ go through MIDDLEWARE.
+# (see webapp/handlers.py). Only /admin/, /tenants/ and /static/ go through MIDDLEWARE.
 API_MIDDLEWARE: list[str] = []
 
 ROOT_URLCONF = "webapp.urls"
@@ -63,6 +63,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+
+LOGIN_URL = "tenants:login"  # the tenant pages' login (the admin has its own)
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
@@ -108,6 +110,7 @@ TESSERA = {
     "TOKENIZER": ENV.tokenizer,
     "CHAT_TEMPLATE": ENV.chat_template,
     "API_KEY": ENV.api_key,
+    "KEY_ONLY": ENV.key_only,
 }
 
 LOGGING = {

@@ -1,9 +1,10 @@
-"""URLs: the API at the root (as vLLM's), the admin under /admin/."""
+"""URLs: the API at the root (as vLLM's), the admin under /admin/, tenant pages under /tenants/."""
 from django.contrib import admin
 from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("tenants/", include("tenants.urls")),
     path("", include("webapp.api.urls")),
 ]
 

@@ -15,6 +15,7 @@ from collections import deque
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
+from .fair_share import FairShare
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
@@ -28,6 +29,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
+        self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: arrival order
 
     # ---- admission and removal -------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -52,6 +54,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Build the batch for one step (see module docstring)."""
         out = SchedulerOutput()
+        if self.fair_share is not None:
+            self.running = self.fair_share.order_running(self.running)
+            self.waiting = deque(self.fair_share.order_waiting(self.waiting, self.running, self.config.max_num_seqs))
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
         if not out.preempted_ids:
@@ -77,7 +82,7 @@ class Scheduler:
                 index += 1
                 continue
             while not self.kv.allocate_slots(request, num_new):
-                victim = self.running[-1]
+                victim = self.running[-1] if self.fair_share is None else self.fair_share.pick_victim(self.running, index)
                 self._preempt(victim)
                 out.preempted_ids.append(victim.request_id)
                 if victim is request:
@@ -119,3 +124,5 @@ class Scheduler:
         """Advance ``num_computed_tokens`` of every request that ran in the step."""
         for item in out.scheduled:
             item.request.num_computed_tokens += item.num_scheduled_tokens
+            if self.fair_share is not None:
+                self.fair_share.charge(item.request.tenant_id, item.num_scheduled_tokens)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
+from ..core.fair_share import FairShare
 from ..core.output_processor import (SequenceOutputState, append_sampled_token, detokenize_sampled_token,
                                      logprobs_entry)
 from ..core.scheduler import Scheduler
@@ -96,12 +98,14 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None) -> str:
+                    arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None,
+                    tenant_id: str | None = None) -> str:
         """Queue a request; returns its id (generated when ``request_id`` is None).
 
         Args:
             prompt: text (tokenized with the model's tokenizer, special tokens added) or token ids.
             prompt_text: the text of a prompt given as token ids, echoed in the outputs.
+            tenant_id: whose GPU share the request runs on (see :meth:`set_tenant_shares`).
         Raises:
             InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
         """
@@ -118,12 +122,32 @@ class LLMEngine:
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
-                                    arrival_time, priority))
+                                    arrival_time, priority, tenant_id))
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
         self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
         for child in children:
             self.scheduler.add_request(child)
         return request_id
+
+    def set_tenant_shares(self, shares: Mapping[str, float], priorities: Mapping[str, int] | None = None) -> None:
+        """Turn on (or update) tenant GPU shares: from the next step, the scheduler admits
+        waiting requests by weighted fair queuing over tokens and preempts from tenants above
+        their share first (:mod:`inference.core.fair_share`).
+
+        Args:
+            shares: tenant id -> share in percent (only ratios matter; a tenant not listed,
+                or with 0, weighs ``fair_share.MIN_SHARE``).
+            priorities: tenant id -> priority between tenants equally far below their shares.
+        Raises:
+            InvalidRequestError: a share is negative or not finite (``param="shares"``).
+        """
+        try:
+            if self.scheduler.fair_share is None:
+                self.scheduler.fair_share = FairShare(shares, priorities)
+            else:
+                self.scheduler.fair_share.set_shares(shares, priorities)
+        except ValueError as error:
+            raise InvalidRequestError(str(error), param="shares") from None
 
     def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
         """Abort requests at once: their blocks return to the pool, and (with ``report``) the next

@@ -2,9 +2,16 @@
 workers with the packaged SmolLM2, and Daphne serving the ASGI app. No mocks."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from tests.webapp.serving_stack import MODEL, Stack
+
+# Django set up inside the test process (in-process tests) gets a database of its own, never
+# the repository's db.sqlite3; settings read this once, at the first django.setup().
+os.environ.setdefault("TESSERA_DB_PATH", os.path.join(tempfile.mkdtemp(prefix="tessera-tests-"), "db.sqlite3"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -32,8 +32,8 @@ class Stack:
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
         self.engine_argv = engine_argv
-        self.env = launcher.child_env(REDIS_URL=redis_url, TESSERA_MODEL=MODEL, TESSERA_LOG_LEVEL="INFO",
-                                      TESSERA_DB_PATH=str(logs_dir / "db.sqlite3"), **env)
+        self.env = launcher.child_env(**{"REDIS_URL": redis_url, "TESSERA_MODEL": MODEL, "TESSERA_LOG_LEVEL": "INFO",
+                                         "TESSERA_DB_PATH": str(logs_dir / "db.sqlite3"), **env})
         subprocess.run([sys.executable, launcher.MANAGE, "migrate", "--noinput", "-v", "0"], env=self.env,
                        check=True, cwd=launcher.BASE_DIR)
         self.workers: list[launcher.Child] = []

@@ -2,6 +2,8 @@
 and flags of features not built yet stop it with a clear message."""
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.webapp.serving_stack import MODEL
 from webapp import launcher
@@ -49,7 +52,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port),
-                              "--max-model-len", "2048", "--kv-cache-space", "0.25", "--log-level", "warning"],
+                              "--max-model-len", "2048", "--kv-cache-space", "0.25", "--log-level", "warning",
+                              "--tenant-id", "team1=30%", "--tenant-id", "team2=70%"],
                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
     try:
         deadline = time.monotonic() + 300
@@ -67,6 +71,13 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                max_tokens=4)
         assert reply.usage.completion_tokens >= 1
+        # --tenant-id created the tenants, and the running worker has their shares.
+        reply = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_headers={"X-Tenant-ID": "team1"})
+        assert reply.usage.completion_tokens >= 1
+        redis_url = re.search(rb"private redis-server at (\S+)", (tmp_path / "serve.log").read_bytes())[1].decode()
+        client = redis.Redis.from_url(redis_url)
+        (worker,) = [json.loads(client.get(f"tessera:worker:{w.decode()}")) for w in client.zrange("tessera:workers", 0, -1)]
+        assert worker["tenant_shares"] == {"default": 0.0, "team1": 30.0, "team2": 70.0}
 
         serve.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert serve.wait(60) == 0
@@ -87,4 +98,19 @@ def test_flags_of_later_features_say_not_supported_yet(tmp_path, flag):
                           text=True, timeout=120, cwd=launcher.BASE_DIR)
     assert done.returncode != 0
     assert "not supported yet" in done.stderr, done.stderr
+    assert "Started" not in done.stdout
+
+
+@pytest.mark.parametrize("values, message", [
+    (["team1=130%"], "whole percentage from 0 to 100"),
+    (["team one=30%"], "only letters, digits"),
+    (["team1=60%", "team2=50%"], "add up to 110%"),
+])
+def test_bad_tenant_shares_stop_serve_before_it_starts(tmp_path, values, message):
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    flags = [arg for value in values for arg in ("--tenant-id", value)]
+    done = subprocess.run([sys.executable, launcher.MANAGE, "serve", *flags], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=launcher.BASE_DIR)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
     assert "Started" not in done.stdout

@@ -1,39 +1,32 @@
-"""``api_view``: method check, API key, tenant, and errors always in OpenAI's envelope."""
+"""``api_view``: method check, tenant identification, and errors always in OpenAI's envelope."""
 from __future__ import annotations
 
 import functools
-import hmac
 import logging
 from typing import Awaitable, Callable
 
-from django.conf import settings
 from redis.exceptions import RedisError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from tenants.services import TenantNotFound, resolve_tenant
+from tenants.errors import TenantError
+from tenants.identity import identify
+from tenants.metering import Meter, error_kind
 
 from .errors import APIError, unavailable
 
 logger = logging.getLogger(__name__)
 
 
-def _check_api_key(request: HttpRequest) -> None:
-    key = settings.TESSERA.get("API_KEY")
-    if not key:
-        return
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else ""
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        raise APIError("Invalid API key: pass it as 'Authorization: Bearer <key>'.", 401,
-                       type="invalid_request_error", code="invalid_api_key")
+def api_view(*methods: str, authenticate: bool = True, metered: bool = False) -> Callable:
+    """Wrap an async view ``view(request, caller)`` of the API.
 
-
-def api_view(*methods: str, authenticate: bool = True) -> Callable:
-    """Wrap an async view ``view(request, tenant)`` of the API.
-
-    ``authenticate``: check the API key (when one is set) and resolve the ``X-Tenant-ID``
-    tenant (the default tenant when absent; 404 ``tenant not found`` when unknown).
+    ``authenticate``: identify the tenant from ``Authorization`` and ``X-Tenant-ID``
+    (``tenants.identity.identify``: 401, 403 or 404 when refused); the view gets the
+    ``tenants.identity.Caller`` (None without ``authenticate``).
+    ``metered`` (generation endpoints): the view gets a ``tenants.metering.Meter`` of the
+    caller instead, and a request that fails before its generation accounts for itself is
+    counted in the tenant's usage as an error of its kind.
     """
     def decorate(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
         @csrf_exempt
@@ -43,25 +36,33 @@ def api_view(*methods: str, authenticate: bool = True) -> Callable:
                 if request.method not in methods:
                     raise APIError(f"Method {request.method} is not allowed; use {' or '.join(methods)}.", 405,
                                    code="method_not_allowed")
-                tenant = None
+                caller = meter = None
                 if authenticate:
-                    _check_api_key(request)
-                    try:
-                        tenant = await resolve_tenant(request.headers.get("X-Tenant-ID"))
-                    except TenantNotFound as error:
-                        raise APIError(f"tenant not found: '{error.slug}'", 404, param="X-Tenant-ID",
-                                       code="tenant_not_found") from None
-                return await view(request, tenant, *args, **kwargs)
+                    caller = await identify(request.headers.get("Authorization", ""),
+                                            request.headers.get("X-Tenant-ID"))
+                if metered:
+                    meter = Meter(caller)
+                    return await view(request, meter, *args, **kwargs)
+                return await view(request, caller, *args, **kwargs)
+            except TenantError as error:
+                return _refused(meter, APIError.from_tenant(error))
             except APIError as error:
-                return error.response()
+                return _refused(meter, error)
             except RedisError as error:
                 logger.warning("Redis failed during %s: %s", request.path, error)
-                return unavailable(f"The message broker (Redis) is unavailable: {error}").response()
+                return _refused(meter, unavailable(f"The message broker (Redis) is unavailable: {error}"))
             except Exception:
                 logger.exception("unexpected error in %s", request.path)
-                return APIError("The server had an internal error.", 500, type="internal_server_error").response()
+                return _refused(meter, APIError("The server had an internal error.", 500,
+                                                type="internal_server_error"))
 
         wrapper.csrf_exempt = True
         return wrapper
 
     return decorate
+
+
+def _refused(meter: Meter | None, error: APIError) -> HttpResponse:
+    if meter is not None:
+        meter.finish(error=error_kind(error.status))
+    return error.response()

@@ -4,10 +4,12 @@ from __future__ import annotations
 from django.http import JsonResponse
 
 from inference.errors import InvalidRequestError, NotSupportedYetError
+from tenants.errors import TenantError
 
 _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "BadRequestError",
     500: "InternalServerError",
@@ -24,27 +26,38 @@ class APIError(Exception):
         type: OpenAI's error type (``invalid_request_error`` for the client's mistakes).
         param: the offending request field, when there is one.
         code: a short machine-readable code (``model_not_found``, ...).
+        retry_after: seconds, sent as the ``Retry-After`` header (429).
     """
 
     def __init__(self, message: str, status: int = 400, type: str | None = None,
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type or ("invalid_request_error" if status < 500 else _TYPES.get(status, "server_error"))
         self.param = param
         self.code = code
+        self.retry_after = retry_after
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        return JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status)
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
+        return response
 
     @classmethod
     def from_engine(cls, error: InvalidRequestError | NotSupportedYetError) -> "APIError":
         """Translate an engine validation error (which names its parameter) into a 400."""
         return cls(str(error), 400, param=getattr(error, "param", None))
+
+    @classmethod
+    def from_tenant(cls, error: TenantError) -> "APIError":
+        """A refusal on the tenant's account (401, 403, 404, 429 with ``Retry-After``)."""
+        return cls(error.message, error.status, type=error.type, param=error.param, code=error.code,
+                   retry_after=error.retry_after)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

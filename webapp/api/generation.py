@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from inference.errors import InvalidRequestError
 from inference.validation import validate_prompt
+from tenants.metering import Meter, error_kind
 
 from webapp.serving.client import EngineRequestSpec, GenerationStream, WorkerLost, model_workers
 
@@ -53,11 +54,15 @@ class ChoiceState:
 class Generation:
     """A chat (``chat=True``) or completions call over one or more prompts.
 
-    Choice ``i`` of prompt ``p`` has index ``p * n + i``, as in OpenAI's API.
+    Choice ``i`` of prompt ``p`` has index ``p * n + i``, as in OpenAI's API. With a ``meter``
+    the call is admitted against its tenant's limits before anything is enqueued, runs on
+    the tenant's GPU share, and its actual tokens are accounted when it ends.
     """
 
-    def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt]) -> None:
+    def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt],
+                 meter: Meter | None = None) -> None:
         self.chat = chat
+        self.meter = meter
         self.model = model
         self.options = options
         self.prompts = prompts
@@ -70,6 +75,7 @@ class Generation:
                         for p in range(len(prompts)) for i in range(self.n)}
         self.cached_tokens = 0
         self.stream: GenerationStream | None = None
+        self._prompts_run: set[int] = set()  # prompts the engine has produced something for
 
     async def submit(self) -> None:
         """Check every prompt against a live worker's context and enqueue it.
@@ -77,6 +83,7 @@ class Generation:
         Raises:
             APIError: 503 when no worker serves the model; 400 when a prompt and its
                 ``max_tokens`` do not fit the context, or a parameter is out of range.
+            TenantError: 429 when the tenant is over a limit.
         """
         workers = await model_workers(self.model)
         if not workers:
@@ -90,7 +97,9 @@ class Generation:
             except InvalidRequestError as error:
                 raise APIError.from_engine(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
-            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params))
+            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug))
+        if self.meter is not None:
+            await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts))
         self.stream = GenerationStream(self.model, specs)
         await self.stream.start()
 
@@ -104,15 +113,19 @@ class Generation:
         try:
             async for message in self.stream:
                 if message["type"] == "error":
+                    self._end(error_kind(message["status"]))
                     raise APIError(message["message"], message["status"], param=message.get("param"))
                 for _ in self._apply(message):
                     pass
         except WorkerLost as error:
+            self._end("unavailable")
             await asyncio.shield(self.stream.abort())
             raise unavailable(str(error)) from None
-        except BaseException:
+        except BaseException as error:
+            self._end(_kind_of(error))
             await asyncio.shield(self.stream.abort())
             raise
+        self._end(None)
         choices = [self._full_choice(c) for c in self.choices.values()]
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self._usage()}
@@ -144,6 +157,7 @@ class Generation:
                     yield formatting.sse(self._chunk(c, self.prompts[c.prompt_index].text, None))
             async for message in self.stream:
                 if message["type"] == "error":
+                    self._end(error_kind(message["status"]))
                     await self.stream.abort()
                     error = APIError(message["message"], message["status"], param=message.get("param"))
                     yield formatting.sse(error.body())
@@ -153,12 +167,15 @@ class Generation:
                     if chunk is not None:
                         yield formatting.sse(chunk)
             else:
+                self._end(None)
                 if self.options.include_usage:
                     yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
                                           "model": self.model, "choices": [], "usage": self._usage()})
         except (WorkerLost, RedisError) as error:
+            self._end("unavailable")
             yield formatting.sse(unavailable(str(error)).body())
-        except BaseException:  # client gone (CancelledError) or a bug: free the engine
+        except BaseException as error:  # client gone (CancelledError) or a bug: free the engine
+            self._end(_kind_of(error))
             await asyncio.shield(self.stream.abort())
             raise
         yield formatting.sse("[DONE]")
@@ -202,9 +219,20 @@ class Generation:
         return self._chunk(c, delta, logprobs, c.finish_reason, c.stop_reason)
 
     # ---- shared --------------------------------------------------------------------
+    @property
+    def _tenant_slug(self) -> str | None:
+        return self.meter.caller.tenant.slug if self.meter is not None else None
+
+    def _end(self, error: str | None) -> None:
+        """Account the call with its tenant: the prompts that ran and the tokens generated."""
+        if self.meter is not None:
+            prompt_tokens = sum(len(self.prompts[p].token_ids) for p in self._prompts_run)
+            self.meter.finish(prompt_tokens, sum(c.num_tokens for c in self.choices.values()), error)
+
     def _apply(self, message: dict[str, Any]):
         """Fold a delta message into the choices; yields ``(choice, new_text)`` per output."""
         prompt_index = int(message["rid"].rsplit("-", 1)[1])
+        self._prompts_run.add(prompt_index)
         if message.get("finished"):
             self.cached_tokens += message.get("num_cached_tokens", 0)
         for out in message["outputs"]:
@@ -222,3 +250,8 @@ class Generation:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
         return formatting.usage(prompt_tokens, completion_tokens, self.cached_tokens)
+
+
+def _kind_of(error: BaseException) -> str:
+    """Usage error kind of an exception that ended a call: the client left, or a bug."""
+    return "internal" if isinstance(error, Exception) else "aborted"

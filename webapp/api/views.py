@@ -11,6 +11,8 @@ import time
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 
+from tenants.identity import Caller
+from tenants.metering import Meter
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
 from webapp.serving.registry import live_workers
@@ -50,22 +52,24 @@ async def _respond(generation: Generation) -> HttpResponse:
     return JsonResponse(await generation.collect())
 
 
-@api_view("POST")
-async def chat_completions(request: HttpRequest, tenant) -> HttpResponse:
+@api_view("POST", metered=True)
+async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/chat/completions."""
     options, messages, template = parse_chat(Body(parse_json_body(request.body)))
     served = get_served_model(options.model)
+    meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
     text = tokenizer.apply_chat_template(messages, **template)
     prompt = Prompt(await _encode(tokenizer, text, add_special_tokens=False), text)
-    return await _respond(Generation(True, served.name, options, [prompt]))
+    return await _respond(Generation(True, served.name, options, [prompt], meter))
 
 
-@api_view("POST")
-async def completions(request: HttpRequest, tenant) -> HttpResponse:
+@api_view("POST", metered=True)
+async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/completions (prompt: text, token ids, or a batch of either)."""
     options, prompts = parse_completion(Body(parse_json_body(request.body)))
     served = get_served_model(options.model)
+    meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
     tokenized = []
     for p in prompts:
@@ -75,14 +79,16 @@ async def completions(request: HttpRequest, tenant) -> HttpResponse:
             if any(t < 0 or t >= tokenizer.vocab_size for t in p):
                 raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
             tokenized.append(Prompt(list(p), tokenizer.decode(p) if options.echo else ""))
-    return await _respond(Generation(False, served.name, options, tokenized))
+    return await _respond(Generation(False, served.name, options, tokenized, meter))
 
 
 @api_view("GET")
-async def list_models(request: HttpRequest, tenant) -> HttpResponse:
-    """GET /v1/models."""
+async def list_models(request: HttpRequest, caller: Caller) -> HttpResponse:
+    """GET /v1/models: the served models the caller's tenant may use."""
     data = []
     for served in served_models():
+        if not caller.tenant.allows_model(served.name):
+            continue
         workers = await model_workers(served.name)
         data.append({"id": served.name, "object": "model", "created": _STARTED, "owned_by": "tessera",
                      "root": served.model, "parent": None,

@@ -32,12 +32,14 @@ class EngineRequest:
         prompt_token_ids: tokenized prompt, list of int.
         params: validated sampling parameters.
         arrival_time: ``time.monotonic`` seconds at which the web process received it.
+        tenant_id: the tenant's slug (its GPU share in the scheduler), or None.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+    tenant_id: str | None = None
 
 
 class EngineLoop(threading.Thread):
@@ -73,6 +75,7 @@ class EngineLoop(threading.Thread):
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
+        self.tenant_shares: Any = None  # the TenantShares the engine runs on (set_tenant_shares)
         self.stats: Any = None
         self.failed: BaseException | None = None
         self.num_steps = 0
@@ -104,6 +107,10 @@ class EngineLoop(threading.Thread):
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests before the next step (unknown ids are remembered for a while)."""
         self._inbox.put(("abort", list(request_ids)))
+
+    def set_tenant_shares(self, shares: Any) -> None:
+        """Hand new tenant GPU shares (a ``tenant_shares.TenantShares``) to the engine before its next step."""
+        self._inbox.put(("shares", shares))
 
     def stop(self) -> None:
         """Abort everything and end the loop (returns at once; join the thread to wait)."""
@@ -155,6 +162,9 @@ class EngineLoop(threading.Thread):
                 self._add(value)
             elif kind == "abort":
                 self._abort(value)
+            elif kind == "shares":
+                self.engine.set_tenant_shares(value.shares, value.priorities)
+                self.tenant_shares = value
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -166,7 +176,7 @@ class EngineLoop(threading.Thread):
             return
         try:
             self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                    arrival_time=request.arrival_time)
+                                    arrival_time=request.arrival_time, tenant_id=request.tenant_id)
         except (InvalidRequestError, NotSupportedYetError) as error:
             self._slots.release()
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))

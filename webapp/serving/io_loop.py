@@ -5,7 +5,8 @@
   so a slow Redis delays delivery but never the engine loop;
 * receives aborts on the worker's control channel and passes them to the engine loop;
 * writes the heartbeat (worker info, engine stats, request metrics) every
-  ``HEARTBEAT_INTERVAL`` seconds.
+  ``HEARTBEAT_INTERVAL`` seconds, and reads the tenants' GPU shares with it
+  (:mod:`.tenant_shares`), passing them on when they changed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from channels_redis.core import RedisChannelLayer
 from . import registry
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
+from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
 from .worker_metrics import RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -33,10 +35,12 @@ class WorkerIO(threading.Thread):
         layer: the Channels layer (a ``RedisChannelLayer``) used only from this thread.
         info: returns the heartbeat's info dict (called on this thread).
         on_abort: called with a list of request ids the clients abandoned.
+        on_shares: called with the tenants' ``TenantShares`` when they changed in Redis.
     """
 
     def __init__(self, worker_id: str, layer: RedisChannelLayer, info: Callable[[], dict[str, Any]],
-                 on_abort: Callable[[list[str]], None]) -> None:
+                 on_abort: Callable[[list[str]], None],
+                 on_shares: Callable[[TenantShares], None] | None = None) -> None:
         super().__init__(name="tessera-worker-io", daemon=True)
         self.worker_id = worker_id
         self.layer = layer
@@ -44,6 +48,8 @@ class WorkerIO(threading.Thread):
         self.control_channel: str | None = None
         self._info = info
         self._on_abort = on_abort
+        self._on_shares = on_shares
+        self._shares: TenantShares | None = None
         self._routes: dict[str, str] = {}  # request id -> reply channel
         self._seq: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
@@ -171,3 +177,8 @@ class WorkerIO(threading.Thread):
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time(),
                     metrics=self.metrics.snapshot())
         await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))
+        if self._on_shares is not None:
+            shares = decode_shares(await self.layer.connection(0).hgetall(SHARES_KEY))
+            if shares != self._shares:
+                self._shares = shares
+                self._on_shares(shares)

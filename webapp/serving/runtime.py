@@ -58,7 +58,7 @@ class WorkerRuntime:
         self._redis = redis.Redis.from_url(redis_url)
         self._closing = threading.Event()
         self.started = time.time()
-        self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort)
+        self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)
         self.loop = EngineLoop(engine_factory, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
 
     def start(self) -> None:
@@ -103,7 +103,7 @@ class WorkerRuntime:
             return
         arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
         self.io.add_route(rid, payload["reply"])
-        self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival))
+        self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant")))
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""
@@ -128,6 +128,9 @@ class WorkerRuntime:
     def _on_abort(self, request_ids: list[str]) -> None:
         self.loop.abort(request_ids)
 
+    def _on_shares(self, shares) -> None:
+        self.loop.set_tenant_shares(shares)
+
     def _info(self) -> dict[str, Any]:
         stats = self.loop.stats
         return {
@@ -138,6 +141,7 @@ class WorkerRuntime:
             "max_model_len": int(self.engine.max_model_len),
             "stats": dict(vars(stats)) if not isinstance(stats, dict) else stats,
             "num_steps": self.loop.num_steps,
+            "tenant_shares": self.loop.tenant_shares.shares if self.loop.tenant_shares else None,
             "live": self.loop.is_alive() and not self._closing.is_set(),
         }
 

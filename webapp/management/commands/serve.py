@@ -16,6 +16,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.errors import NotSupportedYetError, TesseraError
+from tenants import shares as tenant_shares
+from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
 from webapp.cli import add_engine_arguments, engine_argv, engine_args_from_options
 
@@ -33,7 +35,13 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
         parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
         parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
-        parser.add_argument("--api-key", help="Require 'Authorization: Bearer <key>' on /v1 endpoints.")
+        parser.add_argument("--api-key", help="Require 'Authorization: Bearer <key>' on /v1 endpoints "
+                                              "(this key, or a tenant's key).")
+        parser.add_argument("--key-only", action="store_true",
+                            help="Every API request needs a valid key (a tenant's, or --api-key).")
+        parser.add_argument("--tenant-id", action="append", default=[], metavar="SLUG=SHARE%",
+                            help="Create or update a tenant with its GPU share, e.g. --tenant-id team1=30%% "
+                                 "--tenant-id team2=70%% (repeatable).")
         parser.add_argument("--log-level", default="info",
                             choices=["debug", "info", "warning", "error", "critical"])
         parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
@@ -49,7 +57,16 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         if options["data_parallel_size"] < 1:
             raise CommandError("--data-parallel-size must be at least 1.")
+        try:
+            tenant_specs = [parse_tenant_spec(text) for text in options["tenant_id"]]
+        except ValueError as error:
+            raise CommandError(str(error)) from None
         call_command("migrate", interactive=False, verbosity=0)
+        try:
+            check_total(tenant_specs)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        options["tenant_specs"] = tenant_specs
         children: list[launcher.Child] = []
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
@@ -67,11 +84,16 @@ class Command(BaseCommand):
             redis_child, redis_url = launcher.start_redis()
             children.append(redis_child)
             self.stdout.write(f"Started a private redis-server at {redis_url}")
+        tenant_shares.use_redis(redis_url)
+        for tenant in apply_tenant_specs(options["tenant_specs"]):
+            self.stdout.write(f"Tenant '{tenant.slug}': GPU share {tenant.gpu_share}%")
+        tenant_shares.publish()
         name = engine_args.served_model_name or engine_args.model
         env = launcher.child_env(
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
-            TESSERA_API_KEY=options["api_key"], TESSERA_LOG_LEVEL=options["log_level"].upper())
+            TESSERA_API_KEY=options["api_key"], TESSERA_KEY_ONLY="1" if options["key_only"] else None,
+            TESSERA_LOG_LEVEL=options["log_level"].upper())
         for _ in range(options["data_parallel_size"]):
             children.append(launcher.start_worker(engine_argv(engine_args), env))
         children.append(launcher.start_daphne(options["host"], options["port"], env))

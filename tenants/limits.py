@@ -1,0 +1,174 @@
+"""A tenant's gateway limits, enforced atomically in Redis (correct with many web processes).
+
+One Lua script admits a request against all four limits at once, and a second settles it
+when it ends:
+
+* ``max_concurrent_requests``: a sorted set of the requests in flight (member: request id,
+  score: lease expiry). A request ends by removing itself; a web process that died leaves
+  leases that expire after ``LEASE_SECONDS``.
+* ``requests_per_minute`` and ``tokens_per_minute``: token buckets (a hash ``level``,
+  ``time``) of that capacity, refilled continuously at capacity/60 per second. Admission
+  takes one request, and the prompt tokens from the token bucket; settling takes what the
+  request actually used beyond that (completion tokens), or gives back the prompt tokens
+  of prompts that never ran. The token bucket may go below zero: a long answer is never cut
+  off, the next requests wait instead. A request is admitted while the bucket is above zero.
+* ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens).
+
+Refusals carry the seconds after which a retry can succeed (``Retry-After``). Clock: the
+scripts read Redis's ``TIME``, so all web processes share one clock.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+
+from webapp.serving.client import get_redis
+
+from .errors import TenantError
+from .identity import Limits, TenantRef
+
+LEASE_SECONDS = 600  # a concurrency slot of a web process that died is freed after this
+DAY_TTL = 2 * 86400
+
+_BUCKET = """
+local function bucket(key, capacity, now)
+  local v = redis.call('HMGET', key, 'level', 'time')
+  local level, at = tonumber(v[1]), tonumber(v[2])
+  if level == nil then return capacity end
+  return math.min(capacity, level + (now - at) * capacity / 60)
+end
+local function store(key, level, capacity, now)
+  redis.call('HSET', key, 'level', tostring(level), 'time', tostring(now))
+  redis.call('EXPIRE', key, math.ceil((capacity - level) * 60 / capacity) + 60)
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# KEYS: in-flight set, requests bucket, tokens bucket, day counter.
+# ARGV: request id, max concurrent, requests/min, tokens/min, daily budget (0: no limit),
+#       prompt tokens, lease seconds, day TTL. Returns {verdict, seconds to wait}.
+_ADMIT = _BUCKET + """
+local concurrent, rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local prompt = tonumber(ARGV[6])
+if concurrent > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= concurrent then return {'concurrent', '1'} end
+end
+local requests_left, tokens_left = 0, 0
+if rpm > 0 then
+  requests_left = bucket(KEYS[2], rpm, now)
+  if requests_left < 1 then return {'requests', tostring((1 - requests_left) * 60 / rpm)} end
+end
+if tpm > 0 then
+  tokens_left = bucket(KEYS[3], tpm, now)
+  if tokens_left <= 0 then return {'tokens', tostring((1 - tokens_left) * 60 / tpm)} end
+end
+if budget > 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= budget then return {'budget', '0'} end
+if concurrent > 0 then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[7])
+end
+if rpm > 0 then store(KEYS[2], requests_left - 1, rpm, now) end
+if tpm > 0 then store(KEYS[3], tokens_left - prompt, tpm, now) end
+if budget > 0 then
+  redis.call('INCRBY', KEYS[4], prompt)
+  redis.call('EXPIRE', KEYS[4], ARGV[8])
+end
+return {'ok', '0'}
+"""
+
+# KEYS: in-flight set, tokens bucket, day counter.
+# ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged, day TTL.
+_SETTLE = _BUCKET + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local tpm, adjust = tonumber(ARGV[2]), tonumber(ARGV[4])
+if adjust ~= 0 and tpm > 0 then store(KEYS[2], bucket(KEYS[2], tpm, now) - adjust, tpm, now) end
+if adjust ~= 0 and ARGV[3] == '1' then
+  if redis.call('INCRBY', KEYS[3], adjust) < 0 then redis.call('SET', KEYS[3], 0) end
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
+return 1
+"""
+
+_scripts: dict[tuple[int, str], object] = {}
+
+
+def _script(source: str):
+    client = get_redis()
+    key = (id(client), source)
+    if key not in _scripts:
+        _scripts[key] = client.register_script(source)
+    return _scripts[key]
+
+
+def _keys(tenant_id: int, day: str) -> tuple[str, str, str, str]:
+    base = f"tessera:limits:{tenant_id}"
+    return f"{base}:inflight", f"{base}:requests", f"{base}:tokens", f"{base}:day:{day}"
+
+
+def _utc_day(now: dt.datetime) -> str:
+    return now.strftime("%Y%m%d")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What admitting one request charged (to be settled when it ends)."""
+
+    tenant_id: int
+    request_id: str
+    limits: Limits
+    day: str
+    charged_tokens: int
+
+
+async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admission | None:
+    """Admit a request of ``prompt_tokens`` against ``tenant``'s limits (None: the tenant has none).
+
+    Raises:
+        TenantError: 429 ``rate_limit_exceeded`` (type ``requests`` or ``tokens``) with ``retry_after``.
+        redis.exceptions.RedisError: Redis is unreachable.
+    """
+    limits = tenant.limits
+    if not limits.any:
+        return None
+    now = dt.datetime.now(dt.timezone.utc)
+    day = _utc_day(now)
+    verdict, wait = await _script(_ADMIT)(keys=list(_keys(tenant.id, day)), args=[
+        request_id, limits.max_concurrent_requests or 0, limits.requests_per_minute or 0,
+        limits.tokens_per_minute or 0, limits.daily_token_budget or 0, prompt_tokens, LEASE_SECONDS, DAY_TTL])
+    verdict = verdict.decode() if isinstance(verdict, bytes) else verdict
+    if verdict == "ok":
+        return Admission(tenant.id, request_id, limits, day, prompt_tokens)
+    seconds = float(wait)
+    if verdict == "budget":
+        midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+        seconds = (midnight - now).total_seconds()
+    raise _refusal(tenant.slug, limits, verdict, max(1, math.ceil(seconds)))
+
+
+def _refusal(slug: str, limits: Limits, verdict: str, retry_after: int) -> TenantError:
+    what, limit, kind = {
+        "concurrent": ("concurrent requests", limits.max_concurrent_requests, "requests"),
+        "requests": ("requests per min (RPM)", limits.requests_per_minute, "requests"),
+        "tokens": ("tokens per min (TPM)", limits.tokens_per_minute, "tokens"),
+        "budget": ("tokens per UTC day (daily budget)", limits.daily_token_budget, "tokens"),
+    }[verdict]
+    return TenantError(f"Rate limit reached for tenant '{slug}' on {what}: Limit {limit}. "
+                       f"Please try again in {retry_after}s.", 429, "rate_limit_exceeded", type=kind,
+                       retry_after=retry_after)
+
+
+async def settle(admission: Admission, used_tokens: int) -> None:
+    """End an admitted request: free its concurrency slot and count the tokens it actually used
+    (prompt tokens of prompts that ran plus completion tokens) instead of what admission charged.
+
+    Raises:
+        redis.exceptions.RedisError: Redis is unreachable (the lease then expires by itself).
+    """
+    inflight, _, tokens, day = _keys(admission.tenant_id, admission.day)
+    limits = admission.limits
+    await _script(_SETTLE)(keys=[inflight, tokens, day], args=[
+        admission.request_id, limits.tokens_per_minute or 0, 1 if limits.daily_token_budget else 0,
+        used_tokens - admission.charged_tokens, DAY_TTL])

@@ -1,0 +1,40 @@
+"""``manage.py create_api_key TENANT [--name NAME] [--expires-in-days N]``: issue a key and print
+its secret once (to stdout only; only its hash is stored)."""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from tenants.models import ApiKey, Tenant
+
+
+class Command(BaseCommand):
+    help = "Create an API key for a tenant and print its secret (shown only this once)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("tenant", help="The tenant's slug.")
+        parser.add_argument("--name", default="", help="What the key is for.")
+        parser.add_argument("--expires-in-days", type=float, help="Days until the key expires (default: never).")
+        parser.add_argument("--create-tenant", action="store_true",
+                            help="Create the tenant (no GPU share, no limits) when it does not exist.")
+
+    def handle(self, *args, **options) -> None:
+        slug = options["tenant"]
+        tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None:
+            if not options["create_tenant"]:
+                raise CommandError(f"No tenant '{slug}' (add --create-tenant to create it).")
+            tenant = Tenant(slug=slug, name=slug)
+            tenant.full_clean()
+            tenant.save()
+        days = options["expires_in_days"]
+        if days is not None and days <= 0:
+            raise CommandError("--expires-in-days must be positive.")
+        expires = timezone.now() + dt.timedelta(days=days) if days is not None else None
+        key, secret = ApiKey.issue(tenant, options["name"], expires)
+        self.stderr.write(f"API key {key.prefix}… for tenant '{tenant.slug}'"
+                          + (f", expires {expires:%Y-%m-%d %H:%M} UTC" if expires else "")
+                          + ". Store it now: it is not shown again.")
+        self.stdout.write(secret)

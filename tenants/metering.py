@@ -1,0 +1,76 @@
+"""One API request's account with its tenant: admission against the limits, then, when the
+request ends however it ends, settlement of the limits and a usage record, both from the
+tokens it actually used."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .identity import Caller
+from .limits import Admission, admit, settle
+from .usage import recorder
+
+logger = logging.getLogger(__name__)
+
+_background: set[asyncio.Task] = set()
+
+
+def error_kind(status: int) -> str:
+    """The usage error kind of an HTTP status."""
+    if status == 429:
+        return "rate_limited"
+    if status in (502, 503, 504):
+        return "unavailable"
+    if status >= 500:
+        return "internal"
+    return "invalid_request"
+
+
+class Meter:
+    """The account of one generation request (chat or completions call).
+
+    Call :meth:`admit` before enqueuing anything, and :meth:`finish` exactly when the request
+    ends (later calls do nothing, so an error handler can call it as a fallback).
+    """
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+        self.model = ""
+        self.admission: Admission | None = None
+        self.finished = False
+
+    def use_model(self, model: str) -> None:
+        """The request is for served model ``model``.
+
+        Raises:
+            TenantError: 403 ``model_not_allowed`` when the tenant may not use it.
+        """
+        self.caller.check_model(model)
+        self.model = model
+
+    async def admit(self, request_id: str, model: str, prompt_tokens: int) -> None:
+        """Take a concurrency slot, a request and ``prompt_tokens`` from the tenant's limits.
+
+        Raises:
+            TenantError: 429 when a limit is reached (nothing is taken then).
+        """
+        self.model = model
+        self.admission = await admit(self.caller.tenant, request_id, prompt_tokens)
+
+    def finish(self, prompt_tokens: int = 0, completion_tokens: int = 0, error: str | None = None) -> None:
+        """The request ended having used these tokens (``error``: a ``models.ERROR_KINDS`` kind)."""
+        if self.finished:
+            return
+        self.finished = True
+        recorder.record(self.caller.tenant.id, self.model, prompt_tokens, completion_tokens, error,
+                        self.caller.key_id)
+        if self.admission is not None:
+            task = asyncio.get_running_loop().create_task(self._settle(prompt_tokens + completion_tokens))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    async def _settle(self, used: int) -> None:
+        try:
+            await settle(self.admission, used)
+        except Exception:
+            logger.exception("settling the limits of request %s failed", self.admission.request_id)

@@ -1,0 +1,76 @@
+"""``manage.py serve --tenant-id SLUG=SHARE%``: create or update tenants with their GPU shares."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from django.db import transaction
+
+from .models import Tenant
+
+_SPEC = re.compile(r"^(?P<slug>[^=]+?)\s*(=\s*(?P<share>\d+(\.\d+)?)\s*%?)?$")
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One ``--tenant-id`` value: the tenant's slug and, when given, its GPU share in percent."""
+
+    slug: str
+    gpu_share: int | None
+
+
+def parse_tenant_spec(text: str) -> TenantSpec:
+    """``team1=30%`` (or ``team1=30``, or ``team1`` to only make sure it exists and is active).
+
+    Raises:
+        ValueError: not that shape, a slug with other characters than letters, digits, ``-``
+            and ``_``, or a share that is not a whole number from 0 to 100.
+    """
+    match = _SPEC.match(text.strip())
+    if not match:
+        raise ValueError(f"--tenant-id {text!r}: expected SLUG=SHARE%, e.g. team1=30%")
+    slug = match["slug"].strip()
+    try:
+        validate_slug(slug)
+    except ValidationError:
+        raise ValueError(f"--tenant-id {text!r}: the tenant id may contain only letters, digits, '-' and '_'") from None
+    share = match["share"]
+    if share is None:
+        return TenantSpec(slug, None)
+    value = float(share)
+    if value != int(value) or not 0 <= value <= 100:
+        raise ValueError(f"--tenant-id {text!r}: the GPU share must be a whole percentage from 0 to 100")
+    return TenantSpec(slug, int(value))
+
+
+def check_total(specs: list[TenantSpec]) -> None:
+    """Raises ValueError when the active tenants' shares, with ``specs`` applied, exceed 100%."""
+    shares = dict(Tenant.objects.filter(active=True).values_list("slug", "gpu_share"))
+    for spec in specs:
+        shares[spec.slug] = spec.gpu_share if spec.gpu_share is not None else shares.get(spec.slug, 0)
+    total = sum(shares.values())
+    if total > 100:
+        listing = ", ".join(f"{slug} {share}%" for slug, share in sorted(shares.items()) if share)
+        raise ValueError(f"--tenant-id: the active tenants' GPU shares would add up to {total}% ({listing}); "
+                         "at most 100% can be guaranteed")
+
+
+def apply_tenant_specs(specs: list[TenantSpec]) -> list[Tenant]:
+    """Create or update (and activate) the tenants; returns them.
+
+    Raises:
+        ValueError: see :func:`check_total`.
+    """
+    with transaction.atomic():
+        check_total(specs)
+        tenants = []
+        for spec in specs:
+            tenant, _ = Tenant.objects.get_or_create(slug=spec.slug, defaults={"name": spec.slug})
+            tenant.active = True
+            if spec.gpu_share is not None:
+                tenant.gpu_share = spec.gpu_share
+            tenant.save()
+            tenants.append(tenant)
+    return tenants

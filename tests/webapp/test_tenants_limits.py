@@ -1,0 +1,110 @@
+"""Tenants' gateway limits, enforced in Redis across several Daphne processes: 429 in OpenAI's
+envelope with ``Retry-After``; a request that fails or is aborted frees its slot and counts
+what it actually used."""
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+
+import openai
+import pytest
+
+from tests.webapp.serving_stack import MODEL
+from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+    HeldStream, completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage, web)
+
+
+@pytest.fixture(scope="module")
+def second_web(stack, orm, tmp_path_factory):
+    """A second Daphne on the same Redis and database: limits must hold across processes."""
+    s = web(stack, orm, tmp_path_factory, "tenant-web-2")
+    yield s
+    s.stop()
+
+
+def _rate_limited(result, kind: str) -> int:
+    status, headers, body = result
+    assert status == 429, body
+    error = body["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == kind, error
+    retry_after = {k.lower(): v for k, v in headers.items()}["retry-after"]
+    assert int(retry_after) >= 1
+    return int(retry_after)
+
+
+def test_requests_per_minute_is_atomic_across_web_processes(tenant_web, second_web):
+    team = make_tenant(requests_per_minute=5)
+    headers = {"X-Tenant-ID": team.slug}
+    urls = [tenant_web.base_url, second_web.base_url] * 8
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda url: completion(url, headers, max_tokens=1), urls))
+    assert sorted(r[0] for r in results).count(200) == 5, [r[0] for r in results]
+    refused = [r for r in results if r[0] != 200]
+    assert len(refused) == 11
+    for result in refused:
+        assert 1 <= _rate_limited(result, "requests") <= 12  # the next request is back within 60/5 s
+    usage = wait_usage(team, 16)
+    assert usage["errors_rate_limited"] == 11 and usage["requests"] == 16
+
+
+def test_openai_sdk_sees_a_rate_limit_error(tenant_web):
+    team = make_tenant(requests_per_minute=1)
+    client = tenant_web.openai()
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, extra_headers={"X-Tenant-ID": team.slug})
+    with pytest.raises(openai.RateLimitError) as error:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, extra_headers={"X-Tenant-ID": team.slug})
+    assert error.value.code == "rate_limit_exceeded" and "requests per min" in error.value.message
+    assert int(error.value.response.headers["retry-after"]) >= 1
+
+
+def test_concurrent_requests_across_processes_and_aborts_free_the_slot(tenant_web, second_web):
+    team = make_tenant(max_concurrent_requests=1)
+    headers = {"X-Tenant-ID": team.slug}
+    held = HeldStream(tenant_web.base_url, headers)
+    assert held.status == 200
+    _rate_limited(completion(second_web.base_url, headers, max_tokens=1), "requests")
+    _rate_limited(completion(tenant_web.base_url, headers, max_tokens=1), "requests")
+    held.close()  # the client leaves: the engine request is aborted and the slot freed
+    status = wait_for(lambda: completion(second_web.base_url, headers, max_tokens=1)[0] == 200, timeout=20)
+    assert status
+    usage = wait_for(lambda: (lambda u: u if u["errors_aborted"] == 1 else None)(usage_totals(team)))
+    # The aborted stream counts what it used: its prompt and at least the token it delivered.
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] >= 2
+
+
+def test_a_failed_request_frees_its_slot(tenant_web):
+    team = make_tenant(max_concurrent_requests=1)
+    headers = {"X-Tenant-ID": team.slug}
+    status, _, body = completion(tenant_web.base_url, headers, prompt="hi " * 3000)  # beyond the context
+    assert status == 400, body
+    assert completion(tenant_web.base_url, headers, max_tokens=1)[0] == 200
+    assert completion(tenant_web.base_url, headers, max_tokens=1)[0] == 200
+
+
+def test_tokens_per_minute_counts_actual_tokens(tenant_web):
+    team = make_tenant(tokens_per_minute=40)
+    headers = {"X-Tenant-ID": team.slug}
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=45, ignore_eos=True)
+    assert status == 200 and body["usage"]["total_tokens"] > 40
+    # The bucket is in debt by what the first request used beyond 40 tokens: retry when it refilled.
+    wait_for(lambda: usage_totals(team)["requests"] == 1)
+    retry_after = wait_for(lambda: (lambda r: r if r[0] == 429 else None)(
+        completion(tenant_web.base_url, headers, max_tokens=1)), timeout=5)
+    seconds = _rate_limited(retry_after, "tokens")
+    debt = body["usage"]["total_tokens"] - 40
+    assert seconds <= (debt + 1) * 60 / 40 + 2
+
+
+def test_daily_budget_refuses_until_midnight_utc(tenant_web):
+    team = make_tenant(daily_token_budget=20)
+    headers = {"X-Tenant-ID": team.slug}
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=20, ignore_eos=True)
+    assert status == 200
+    wait_for(lambda: usage_totals(team)["requests"] == 1)
+    result = wait_for(lambda: (lambda r: r if r[0] == 429 else None)(completion(tenant_web.base_url, headers)),
+                      timeout=5)
+    seconds = _rate_limited(result, "tokens")
+    now = dt.datetime.now(dt.timezone.utc)
+    midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert abs(seconds - (midnight - now).total_seconds()) < 30
+    assert "daily budget" in result[2]["error"]["message"]

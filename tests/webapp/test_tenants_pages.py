@@ -1,0 +1,163 @@
+"""The admin and the tenant pages through Daphne, as a browser uses them: login required,
+CSRF-protected forms, a key's secret shown once, revocation, and one tenant never seeing
+another's keys or usage."""
+from __future__ import annotations
+
+import http.cookiejar
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+    bearer, completion, make_tenant, orm, tenant_web, wait_usage)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+class Browser:
+    """Cookies kept, redirects not followed, forms posted with the page's CSRF token."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect)
+        self.page = ""
+
+    def request(self, method: str, path: str, data: dict | None = None) -> tuple[int, dict, str]:
+        body = urllib.parse.urlencode(data).encode() if data is not None else None
+        request = urllib.request.Request(self.base_url + path, data=body, method=method)
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                status, headers, text = response.status, dict(response.headers), response.read().decode()
+        except urllib.error.HTTPError as error:
+            status, headers, text = error.code, dict(error.headers), error.read().decode()
+        if method == "GET":
+            self.page = text
+        return status, headers, text
+
+    def get(self, path: str) -> tuple[int, dict, str]:
+        return self.request("GET", path)
+
+    def post(self, path: str, data: dict, csrf: bool = True) -> tuple[int, dict, str]:
+        if csrf:
+            data = {"csrfmiddlewaretoken": re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', self.page)[1],
+                    **data}
+        return self.request("POST", path, data)
+
+    def login(self, path: str, username: str, password: str) -> None:
+        self.get(path)
+        status, headers, text = self.post(path, {"username": username, "password": password})
+        assert status == 302, text
+
+
+@pytest.fixture(scope="module")
+def people(orm):
+    """Two tenants with one member each, and an admin."""
+    from django.contrib.auth.models import User
+
+    suffix = uuid.uuid4().hex[:6]
+    alice = User.objects.create_user(f"alice-{suffix}", password="alice-pw")
+    bob = User.objects.create_user(f"bob-{suffix}", password="bob-pw")
+    User.objects.create_superuser(f"root-{suffix}", password="root-pw")
+    red, blue = make_tenant(slug=f"red-{suffix}"), make_tenant(slug=f"blue-{suffix}")
+    red.members.add(alice)
+    blue.members.add(bob)
+    return {"alice": alice.username, "bob": bob.username, "root": f"root-{suffix}", "red": red, "blue": blue}
+
+
+def test_pages_require_login(tenant_web, people):
+    browser = Browser(tenant_web.base_url)
+    for path in (f"/tenants/{people['red'].slug}/", "/tenants/", "/admin/tenants/apikey/", "/admin/tenants/usage/"):
+        status, headers, _ = browser.get(path)
+        assert status == 302 and "login" in headers["Location"], (path, status)
+    status, _, _ = browser.post(f"/tenants/{people['red'].slug}/keys/", {"name": "x"}, csrf=False)
+    assert status in (302, 403)
+
+
+def test_member_issues_a_key_shown_once_and_revokes_it(tenant_web, people):
+    from tenants.models import ApiKey
+
+    red = people["red"]
+    browser = Browser(tenant_web.base_url)
+    browser.login("/tenants/login/", people["alice"], "alice-pw")
+    status, _, page = browser.get(f"/tenants/{red.slug}/")
+    assert status == 200 and red.name in page
+    status, _, text = browser.post(f"/tenants/{red.slug}/keys/", {"name": "laptop"}, csrf=False)
+    assert status == 403  # CSRF protection
+    status, headers, page = browser.post(f"/tenants/{red.slug}/keys/", {"name": "laptop", "expires_in_days": "7"})
+    assert status == 200 and headers.get("Cache-Control") == "no-store"
+    secret = re.search(r'<pre id="api-key-secret">([^<]+)</pre>', page)[1]
+    key = ApiKey.objects.get(tenant=red, name="laptop")
+    assert key.prefix == secret[:len(key.prefix)] and key.expires_at is not None
+    status, _, body = completion(tenant_web.base_url, bearer(secret))
+    assert status == 200, body
+    status, _, page = browser.get(f"/tenants/{red.slug}/")
+    assert key.prefix in page and secret not in page  # listed, never shown again
+    status, headers, _ = browser.post(f"/tenants/{red.slug}/keys/{key.id}/revoke/", {})
+    assert status == 302
+    assert completion(tenant_web.base_url, bearer(secret))[0] == 401
+
+
+def test_usage_chart_per_day_and_model(tenant_web, people):
+    from tests.webapp.serving_stack import MODEL
+
+    red = people["red"]
+    from tenants.models import ApiKey
+
+    _, secret = ApiKey.issue(red)
+    status, _, body = completion(tenant_web.base_url, bearer(secret), max_tokens=3)
+    assert status == 200, body
+    usage = wait_usage(red, 1)
+    browser = Browser(tenant_web.base_url)
+    browser.login("/tenants/login/", people["alice"], "alice-pw")
+    _, _, page = browser.get(f"/tenants/{red.slug}/")
+    chart = page[page.index('class="usage-chart"'):]
+    assert MODEL in chart and f"<td>{usage['completion_tokens']}</td>" in chart and 'class="bar"' in chart
+
+
+def test_a_tenant_never_sees_another_tenants_keys_or_usage(tenant_web, people):
+    from tenants.models import ApiKey
+
+    blue, red = people["blue"], people["red"]
+    blue_key, _ = ApiKey.issue(blue, "blue's")
+    browser = Browser(tenant_web.base_url)
+    browser.login("/tenants/login/", people["alice"], "alice-pw")
+    assert browser.get(f"/tenants/{blue.slug}/")[0] == 404
+    _, _, page = browser.get(f"/tenants/{red.slug}/")
+    assert blue_key.prefix not in page
+    browser.get(f"/tenants/{red.slug}/")  # a valid CSRF token, used against the other tenant
+    assert browser.post(f"/tenants/{blue.slug}/keys/{blue_key.id}/revoke/", {})[0] == 404
+    assert browser.post(f"/tenants/{red.slug}/keys/{blue_key.id}/revoke/", {})[0] == 404
+    assert browser.post(f"/tenants/{blue.slug}/keys/", {"name": "intruder"})[0] == 404
+    blue_key.refresh_from_db()
+    assert blue_key.revoked_at is None and not ApiKey.objects.filter(name="intruder").exists()
+    status, headers, _ = browser.get("/admin/tenants/apikey/")  # not staff: the admin stays closed
+    assert status == 302
+
+
+def test_admin_issues_a_key_shown_once(tenant_web, people):
+    from tenants.models import ApiKey
+
+    blue = people["blue"]
+    browser = Browser(tenant_web.base_url)
+    browser.login("/admin/login/", people["root"], "root-pw")
+    assert browser.get("/admin/tenants/apikey/add/")[0] == 200
+    status, _, page = browser.post("/admin/tenants/apikey/add/", {"tenant": str(blue.id), "name": "from admin",
+                                                                  "expires_at_0": "", "expires_at_1": ""})
+    assert status == 200, page[:2000]
+    secret = re.search(r'<pre id="api-key-secret"[^>]*>([^<]+)</pre>', page)[1]
+    key = ApiKey.objects.get(tenant=blue, name="from admin")
+    assert completion(tenant_web.base_url, bearer(secret))[0] == 200
+    status, _, page = browser.get(f"/admin/tenants/apikey/{key.id}/change/")
+    assert status == 200 and key.prefix in page and secret not in page
+    browser.get("/admin/tenants/apikey/")
+    status, _, _ = browser.post("/admin/tenants/apikey/", {"action": "revoke", "_selected_action": str(key.id)})
+    assert status == 302
+    assert completion(tenant_web.base_url, bearer(secret))[0] == 401

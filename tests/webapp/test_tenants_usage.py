@@ -1,0 +1,56 @@
+"""Usage accounting: per tenant, model and hour, equal to the usage the responses reported,
+with errors counted by kind; GPU shares edited like the admin does reach the running worker."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from tests.webapp.serving_stack import MODEL, http, sse_events
+from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+    completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage)
+
+
+def test_usage_equals_what_the_responses_reported(tenant_web):
+    from tenants.models import Usage
+
+    team = make_tenant()
+    headers = {"X-Tenant-ID": team.slug}
+    reported = []
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=5)
+    assert status == 200
+    reported.append(body["usage"])
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=3, prompt=["One", "Two three"], n=2)
+    assert status == 200
+    reported.append(body["usage"])
+    status, _, raw = http("POST", tenant_web.base_url + "/v1/chat/completions",
+                          {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                           "stream": True, "stream_options": {"include_usage": True}}, headers=headers)
+    assert status == 200
+    reported.append(json.loads(sse_events(raw)[-2])["usage"])
+    usage = wait_usage(team, 3)
+    assert usage["prompt_tokens"] == sum(u["prompt_tokens"] for u in reported)
+    assert usage["completion_tokens"] == sum(u["completion_tokens"] for u in reported)
+    assert sum(usage[k] for k in usage if k.startswith("errors_")) == 0
+    (row,) = Usage.objects.filter(tenant=team)
+    now = dt.datetime.now(dt.timezone.utc)
+    assert row.model == MODEL and row.hour == now.replace(minute=0, second=0, microsecond=0)
+
+
+def test_errors_are_counted_by_kind(tenant_web):
+    team = make_tenant()
+    headers = {"X-Tenant-ID": team.slug}
+    assert completion(tenant_web.base_url, headers, temperature="hot")[0] == 400
+    assert completion(tenant_web.base_url, headers, model="no-such-model")[0] == 404
+    usage = wait_usage(team, 2)
+    assert usage["errors_invalid_request"] == 2 and usage["prompt_tokens"] == usage["completion_tokens"] == 0
+
+
+def test_share_edits_reach_the_running_worker(stack, orm):
+    team = make_tenant(gpu_share=25)
+    wait_for(lambda: any((w.get("tenant_shares") or {}).get(team.slug) == 25 for w in stack.worker_infos()))
+    team.gpu_share = 40
+    team.save()  # what the admin's save does
+    wait_for(lambda: any((w.get("tenant_shares") or {}).get(team.slug) == 40 for w in stack.worker_infos()))
+    team.active = False
+    team.save()
+    wait_for(lambda: all(team.slug not in (w.get("tenant_shares") or {}) for w in stack.worker_infos()))
