@@ -108,7 +108,7 @@ class EngineConfig:
 
 
 def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None,
-                            swap_space: float = 0.0, enable_prefix_caching: bool = False) -> None:
+                            swap_space: float = 0.0) -> None:
     """Refuse flags whose features are planned but not built, instead of ignoring them.
 
     Raises:
@@ -120,5 +120,3 @@ def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | N
         raise NotSupportedYetError(f"quantization={quantization!r} is not supported yet.")
     if swap_space:
         raise NotSupportedYetError("swap_space (swap preemption) is not supported yet; preemption recomputes.")
-    if enable_prefix_caching:
-        raise NotSupportedYetError("enable_prefix_caching is not supported yet.")

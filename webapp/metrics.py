@@ -27,6 +27,9 @@ COUNTERS = {
     "vllm:prompt_tokens": ("prompt_tokens_total", "Number of prefill tokens processed."),
     "vllm:generation_tokens": ("generation_tokens_total", "Number of generation tokens processed."),
     "vllm:num_preemptions": ("num_preemptions_total", "Cumulative number of preemptions from the engine."),
+    "vllm:prefix_cache_queries": ("prefix_cache_queries_total",
+                                  "Prefix cache queries, in terms of number of queried tokens."),
+    "vllm:prefix_cache_hits": ("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
 }
 
 

@@ -5,7 +5,8 @@ Each step fills a token budget (``max_num_batched_tokens``) with running request
 ``max_num_seqs`` requests (Yu et al., "Orca", OSDI 2022; chunked prefill after
 Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the most recently
 admitted running request is preempted: its blocks are freed and it restarts from its
-prompt plus the tokens it has generated (recompute).
+prompt plus the tokens it has generated (recompute). With prefix caching, a request being
+admitted starts after its longest cached prefix (a preempted one usually finds its own blocks).
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class Scheduler:
                 item.request.first_scheduled_time = now
         return out
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, budget: int, num_hit_tokens: int = 0) -> int:
+        num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
         if self.config.enable_chunked_prefill:
             return min(num_new, budget)
         return num_new if num_new <= budget else 0
@@ -91,14 +92,23 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self.kv.allocate_slots(request, num_new):
+            num_new = self._allocate_waiting(request, budget)
+            if num_new == 0:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+
+    def _allocate_waiting(self, request: Request, budget: int) -> int:
+        """Hold blocks for a waiting request (its prefix hit, then new ones); returns the tokens it
+        computes in this step, 0 when it cannot run now (nothing is held then)."""
+        hit = self.kv.get_computed_blocks(request)
+        num_new = self._num_new_tokens(request, budget, hit.num_tokens)
+        if num_new == 0 or not self.kv.allocate_slots(request, num_new, hit):
+            return 0
+        return num_new
 
     @staticmethod
     def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
@@ -116,6 +126,8 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance ``num_computed_tokens`` of every request that ran in the step."""
+        """Advance ``num_computed_tokens`` of every request that ran in the step and register
+        its newly completed blocks in the prefix cache."""
         for item in out.scheduled:
             item.request.num_computed_tokens += item.num_scheduled_tokens
+            self.kv.cache_blocks(item.request)

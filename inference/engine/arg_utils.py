@@ -82,8 +82,7 @@ class EngineArgs:
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
         """
         self._check_ranges()
-        check_not_supported_yet(self.tensor_parallel_size, self.quantization, self.swap_space,
-                                self.enable_prefix_caching)
+        check_not_supported_yet(self.tensor_parallel_size, self.quantization, self.swap_space)
         if self.load_format != "dummy" and is_dummy_only(self.model):
             raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
                                  "tokenizer only). Pass load_format='dummy' to run it with random weights.",

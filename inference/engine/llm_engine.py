@@ -37,6 +37,9 @@ class EngineStats:
     generation_tokens_total: int
     num_live_tokens: int = 0  # tokens whose K/V are cached, over running requests
     num_allocated_slots: int = 0  # blocks held by running requests x block_size
+    prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache by admitted requests
+    prefix_cache_hits_total: int = 0  # of those, tokens found cached (not computed)
+    prompt_tokens_computed_total: int = 0  # prompt positions whose K/V were computed (recomputes included)
 
 
 @dataclass
@@ -74,7 +77,8 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.runner = ModelRunner(config, num_kv_blocks)
-        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size)
+        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
+                                               enable_prefix_caching=config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
@@ -82,6 +86,7 @@ class LLMEngine:
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prompt_tokens_computed_total = 0
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -93,12 +98,17 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None) -> str:
+                    arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None,
+                    cache_salt: str | None = None) -> str:
         """Queue a request; returns its id (generated when ``request_id`` is None).
 
         Args:
             prompt: text (tokenized with the model's tokenizer, special tokens added) or token ids.
+            arrival_time: ``time.monotonic()`` seconds of arrival (now when None).
+            priority: lower runs earlier under ``scheduling_policy="priority"``.
             prompt_text: the text of a prompt given as token ids, echoed in the outputs.
+            cache_salt: prefix-cache key: requests share cached blocks only with requests of the
+                same salt (one per tenant keeps tenants from hitting, or timing, each other's prompts).
         Raises:
             InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
         """
@@ -115,7 +125,7 @@ class LLMEngine:
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
-                                    arrival_time, priority))
+                                    arrival_time, priority, cache_salt))
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
         self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
         for child in children:
@@ -168,10 +178,12 @@ class LLMEngine:
             parent = self._parents[req.parent_id]
             if req.request_id in runner_out.prompt_logprobs:
                 self._record_prompt_logprobs(parent, req, item, runner_out.prompt_logprobs[req.request_id])
-            if req.num_output_tokens == 0 and req.num_computed_tokens - item.num_scheduled_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens
+            start = req.num_computed_tokens - item.num_scheduled_tokens
+            self.prompt_tokens_computed_total += max(0, min(req.num_computed_tokens, req.num_prompt_tokens) - start)
             if not item.samples:
                 continue
+            if req.num_output_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens
             token_id, logprobs = next(sampled)
             self.generation_tokens_total += 1
             status = process_sampled_token(req, parent.states[req.request_id], token_id, logprobs, self.tokenizer)
@@ -216,7 +228,8 @@ class LLMEngine:
                 len(parent.prompt_logprobs) == len(parent.prompt_token_ids) or finished):
             prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, deltas, finished,
-                             prompt_logprobs=prompt_logprobs, metrics=metrics)
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=first.num_cached_tokens or 0,
+                             metrics=metrics)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager
@@ -225,4 +238,7 @@ class LLMEngine:
                            kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
                            num_live_tokens=sum(r.num_computed_tokens for r in running),
-                           num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size)
+                           num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size,
+                           prefix_cache_queries_total=kv.prefix_cache_queries,
+                           prefix_cache_hits_total=kv.prefix_cache_hits,
+                           prompt_tokens_computed_total=self.prompt_tokens_computed_total)

@@ -1,7 +1,10 @@
-"""Maps requests to KV blocks: on-demand allocation as tokens arrive, release on finish."""
+"""Maps requests to KV blocks: prefix hits, on-demand allocation as tokens arrive, release on finish."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..request import Request
+from .block_hash import extend_block_hashes
 from .block_pool import BlockPool
 
 
@@ -9,17 +12,46 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True)
+class ComputedBlocks:
+    """A prefix hit: cached blocks holding the first ``num_tokens`` tokens of a request.
+
+    Attributes:
+        block_ids: physical ids of the hit blocks, in order (all full).
+        num_tokens: ``len(block_ids) * block_size``.
+    """
+
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+NO_HIT = ComputedBlocks()
+
+
 class KVCacheManager:
     """Allocates each request's block table.
+
+    With ``enable_prefix_caching``, every full, computed block is remembered by its chained
+    content hash (see :mod:`.block_hash`); a new request starts from the longest run of cached
+    blocks matching its tokens, always leaving its last token to compute (that step's logits are
+    what it samples from). Only full blocks are shared, and a shared block is never written.
 
     Args:
         num_blocks: blocks in the pool.
         block_size: tokens per block.
+        enable_prefix_caching: share full blocks between requests by content hash.
+    Attributes:
+        prefix_cache_queries, prefix_cache_hits: tokens looked up / found in the prefix cache
+            by admitted requests (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``).
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._num_cached_blocks: dict[str, int] = {}  # request id -> its blocks registered in the cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -31,28 +63,87 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use, 0..1."""
+        """Fraction of blocks held by requests, 0..1 (cached blocks nobody holds count as free)."""
         return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
 
+    # ---- prefix caching ----------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+        """The cached blocks a waiting request can start from (nothing is held until
+        :meth:`allocate_slots`). No hit when caching is off, when the request already has
+        computed tokens, or when it asks for prompt logprobs (those need every position's logits)."""
+        if (not self.enable_prefix_caching or request.num_computed_tokens
+                or request.sampling_params.prompt_logprobs is not None):
+            return NO_HIT
+        max_blocks = (request.num_tokens - 1) // self.block_size  # the last token is always computed
+        self._hash_blocks(request, max_blocks)
+        hits: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self.pool.cached_block(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return ComputedBlocks(hits, len(hits) * self.block_size) if hits else NO_HIT
+
+    def cache_blocks(self, request: Request) -> None:
+        """Register the request's full, computed blocks in the prefix cache (after a step)."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        self._hash_blocks(request, num_full)
+        for index in range(start, num_full):
+            self.pool.cache_block(request.block_ids[index], request.block_hashes[index])
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def _hash_blocks(self, request: Request, num_blocks: int) -> None:
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, num_blocks,
+                            request.cache_salt)
+
+    # ---- allocation ----------------------------------------------------------------------
     def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - len(request.block_ids))
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed: ComputedBlocks | None = None) -> bool:
         """Grow ``request.block_ids`` so that ``num_new_tokens`` more tokens fit.
 
+        Args:
+            computed: for a request being admitted: its prefix hit (from :meth:`get_computed_blocks`);
+                the hit blocks become the start of its block table and its ``num_computed_tokens``.
+                ``num_new_tokens`` counts the tokens after the hit.
         Returns:
-            False (and allocates nothing) when the pool has too few free blocks.
+            False (and changes nothing) when the pool has too few free blocks.
         """
-        needed = self.blocks_needed(request, num_new_tokens)
-        if needed > self.pool.num_free_blocks:
+        hit = computed or NO_HIT
+        total = cdiv(request.num_computed_tokens + hit.num_tokens + num_new_tokens, self.block_size)
+        needed = max(0, total - len(request.block_ids) - len(hit.block_ids))
+        reclaimed = sum(1 for b in hit.block_ids if self.pool.ref_cnt[b] == 0)  # hits now in the free queue
+        if needed + reclaimed > self.pool.num_free_blocks:
             return False
+        if computed is not None:
+            self._admit(request, hit)
         if needed:
             request.block_ids.extend(self.pool.allocate(needed))
         return True
 
+    def _admit(self, request: Request, hit: ComputedBlocks) -> None:
+        if hit.block_ids:
+            self.pool.touch(hit.block_ids)
+            request.block_ids = list(hit.block_ids)
+            request.num_computed_tokens = hit.num_tokens
+            self._num_cached_blocks[request.request_id] = len(hit.block_ids)
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = hit.num_tokens
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += hit.num_tokens
+
     def free(self, request: Request) -> None:
-        """Return all of the request's blocks to the pool (finish, abort or preemption)."""
+        """Drop the request's hold on its blocks (finish, abort or preemption); cached ones stay
+        reusable until the pool needs them, the request's last blocks evicted first."""
         if request.block_ids:
-            self.pool.free(request.block_ids)
+            self.pool.free(reversed(request.block_ids))
             request.block_ids = []
+        self._num_cached_blocks.pop(request.request_id, None)
