@@ -74,12 +74,15 @@ class SchedulerConfig:
         max_num_batched_tokens: tokens (prefill + decode) in one step.
         max_model_len: longest prompt + output, in tokens.
         enable_chunked_prefill: split long prompts over steps and mix them with decodes.
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"priority"`` (lower ``priority`` first,
+            ties by arrival; preemption takes the lowest priority first).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
 
 
 @dataclass(frozen=True)

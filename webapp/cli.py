@@ -23,6 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                             "default": True, "help": "Split long prefills."}),
     "--enable-prefix-caching": ("enable_prefix_caching", {"action": "store_true",
                                                           "help": "Share KV blocks of common prefixes."}),
+    "--scheduling-policy": ("scheduling_policy", {"default": "fcfs", "choices": ["fcfs", "priority"],
+                                                  "help": "fcfs: arrival order; priority: the request's "
+                                                          "'priority' (lower first), then arrival."}),
     "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float, "default": 0.9,
                                                             "help": "Fraction of GPU memory to use."}),
     "--swap-space": ("swap_space", {"type": float, "default": 0.0, "help": "CPU swap space per GPU, GiB."}),

@@ -1,21 +1,22 @@
 """Iteration-level (continuous batching) scheduler with chunked prefill and recompute preemption.
 
 Each step fills a token budget (``max_num_batched_tokens``) with running requests first
-(decodes and unfinished prefill chunks), then waiting ones in arrival order, up to
+(decodes and unfinished prefill chunks), then waiting ones in the policy's order, up to
 ``max_num_seqs`` requests (Yu et al., "Orca", OSDI 2022; chunked prefill after
-Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the most recently
-admitted running request is preempted: its blocks are freed and it restarts from its
+Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the last running
+request in the policy's order is preempted (the newest under ``fcfs``, the lowest priority under
+``priority``, see :mod:`.policy`): its blocks are freed and it restarts from its
 prompt plus the tokens it has generated (recompute). With prefix caching, a request being
 admitted starts after its longest cached prefix (a preempted one usually finds its own blocks).
 """
 from __future__ import annotations
 
 import time
-from collections import deque
 
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
+from .policy import make_policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
@@ -25,7 +26,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv = kv_cache_manager
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_policy(config.scheduling_policy)  # the waiting queue, in the policy's order
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
@@ -33,7 +34,7 @@ class Scheduler:
     # ---- admission and removal -------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Mark a request finished, take it out of the queues and free its blocks."""
@@ -70,6 +71,7 @@ class Scheduler:
         return num_new if num_new <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        self.waiting.order_running(self.running)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -91,11 +93,11 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             num_new = self._allocate_waiting(request, budget)
             if num_new == 0:
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
@@ -116,14 +118,14 @@ class Scheduler:
         return ScheduledRequest(request, num_new, samples)
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the request's KV and requeue it at the front."""
+        """Recompute preemption: drop the request's KV and requeue it (at the front under fcfs)."""
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(request)
+        self.waiting.requeue(request)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step and register

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
+from ..core.policy import POLICIES
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 
@@ -39,6 +40,7 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = False
+    scheduling_policy: str = "fcfs"
     swap_space: float = 0.0
     tensor_parallel_size: int = 1
     quantization: str | None = None
@@ -69,6 +71,9 @@ class EngineArgs:
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.",
                                       param="max_num_seqs")
+        if self.scheduling_policy not in POLICIES:
+            raise InvalidRequestError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
+                                      f"{self.scheduling_policy!r}.", param="scheduling_policy")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidRequestError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.",
                                       param="load_format")
@@ -116,5 +121,6 @@ class EngineArgs:
                               swap_space=self.swap_space),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
-                                      enable_chunked_prefill=self.enable_chunked_prefill),
+                                      enable_chunked_prefill=self.enable_chunked_prefill,
+                                      scheduling_policy=self.scheduling_policy),
         )

@@ -110,11 +110,16 @@ class LLMEngine:
             cache_salt: prefix-cache key: requests share cached blocks only with requests of the
                 same salt (one per tenant keeps tenants from hitting, or timing, each other's prompts).
         Raises:
-            InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
+            InvalidRequestError: a duplicate id, a prompt/params outside the limits, or a priority other
+                than 0 under the ``fcfs`` policy (nothing is queued).
         """
         request_id = request_id if request_id is not None else str(next(self._counter))
         if request_id in self._parents:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
+        if priority != 0 and self.config.scheduler.scheduling_policy == "fcfs":
+            raise InvalidRequestError(f"Got priority {priority}, but priority scheduling is not enabled "
+                                      "(scheduling_policy='priority', --scheduling-policy priority).",
+                                      param="priority")
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:

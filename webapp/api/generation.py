@@ -90,7 +90,7 @@ class Generation:
             except InvalidRequestError as error:
                 raise APIError.from_engine(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
-            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params))
+            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self.options.priority))
         self.stream = GenerationStream(self.model, specs)
         await self.stream.start()
 

@@ -52,6 +52,7 @@ class EngineRequestSpec:
     rid: str
     prompt_token_ids: list[int]
     params: dict[str, Any]
+    priority: int = 0
 
 
 class GenerationStream:
@@ -83,7 +84,7 @@ class GenerationStream:
         self.reply = await self.layer.new_channel("tessera.reply")
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
-                     "params": r.params, "arrival": now} for r in self.requests]
+                     "params": r.params, "priority": r.priority, "arrival": now} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
 
     async def __aiter__(self) -> AsyncIterator[Message]:

@@ -32,12 +32,16 @@ class EngineRequest:
         prompt_token_ids: tokenized prompt, list of int.
         params: validated sampling parameters.
         arrival_time: ``time.monotonic`` seconds at which the web process received it.
+        priority: scheduling priority (lower runs earlier; the ``priority`` policy only).
+        cache_salt: prefix-cache key (one per tenant), None to share with every unsalted request.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 class EngineLoop(threading.Thread):
@@ -166,7 +170,8 @@ class EngineLoop(threading.Thread):
             return
         try:
             self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                    arrival_time=request.arrival_time)
+                                    arrival_time=request.arrival_time, priority=request.priority,
+                                    cache_salt=request.cache_salt)
         except (InvalidRequestError, NotSupportedYetError) as error:
             self._slots.release()
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
