@@ -16,6 +16,7 @@ import time
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
+from .parallel_sampling import ParallelSampling
 from .policy import make_policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -28,12 +29,17 @@ class Scheduler:
         self.kv = kv_cache_manager
         self.waiting = make_policy(config.scheduling_policy)  # the waiting queue, in the policy's order
         self.running: list[Request] = []
+        self.parallel = ParallelSampling()  # parallel samples waiting for their prompt's prefill
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
 
     # ---- admission and removal -------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        self.requests[request.request_id] = request
+    def add_request(self, request: Request, followers: list[Request] | None = None) -> None:
+        """Queue a request; ``followers`` are the other samples of its prompt (``n > 1``), which
+        fork from it once its prompt is computed."""
+        for r in [request, *(followers or [])]:
+            self.requests[r.request_id] = r
+        self.parallel.hold(request, followers or [])
         self.waiting.add(request)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
@@ -43,12 +49,19 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        else:
+            self.parallel.discard(request)
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
 
     @property
+    def num_waiting(self) -> int:
+        """Requests not running: queued ones and parallel samples waiting for their prompt."""
+        return len(self.waiting) + len(self.parallel)
+
+    @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return self.num_waiting + len(self.running)
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -62,6 +75,7 @@ class Scheduler:
         for item in out.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = now
+        out.blocks_to_copy = self.kv.take_block_copies()
         return out
 
     def _num_new_tokens(self, request: Request, budget: int, num_hit_tokens: int = 0) -> int:
@@ -112,10 +126,9 @@ class Scheduler:
             return 0
         return num_new
 
-    @staticmethod
-    def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         samples = request.num_computed_tokens + num_new == request.num_tokens
-        return ScheduledRequest(request, num_new, samples)
+        return ScheduledRequest(request, num_new, samples, self.parallel.forks_of(request, samples))
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and requeue it (at the front under fcfs)."""
@@ -133,3 +146,21 @@ class Scheduler:
         for item in out.scheduled:
             item.request.num_computed_tokens += item.num_scheduled_tokens
             self.kv.cache_blocks(item.request)
+            if item.forks:
+                self._fork(item.request)
+
+    def _fork(self, leader: Request) -> None:
+        """Give the leader's followers its block table (shared) and let them run, or wait at the
+        front of the queue with their blocks when ``max_num_seqs`` is reached."""
+        overflow = []
+        for follower in self.parallel.release(leader):
+            self.kv.fork(leader, follower)
+            follower.num_computed_tokens = leader.num_computed_tokens
+            follower.first_scheduled_time = leader.first_scheduled_time
+            if len(self.running) < self.config.max_num_seqs:
+                follower.status = RequestStatus.RUNNING
+                self.running.append(follower)
+            else:
+                overflow.append(follower)
+        for follower in reversed(overflow):
+            self.waiting.requeue(follower)

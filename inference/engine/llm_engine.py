@@ -133,8 +133,7 @@ class LLMEngine:
                                     arrival_time, priority, cache_salt))
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
         self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
-        for child in children:
-            self.scheduler.add_request(child)
+        self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
 
     def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
@@ -171,7 +170,7 @@ class LLMEngine:
         outputs, self._aborted_outputs = self._aborted_outputs, []
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
-            if self.scheduler.num_unfinished and not self.scheduler.running:
+            if self.scheduler.num_unfinished and not self.scheduler.running and not sched_out.preempted_ids:
                 raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
             return outputs
         runner_out = self.runner.execute(sched_out)
@@ -185,23 +184,24 @@ class LLMEngine:
                 self._record_prompt_logprobs(parent, req, item, runner_out.prompt_logprobs[req.request_id])
             start = req.num_computed_tokens - item.num_scheduled_tokens
             self.prompt_tokens_computed_total += max(0, min(req.num_computed_tokens, req.num_prompt_tokens) - start)
-            if not item.samples:
-                continue
-            if req.num_output_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens
-            token_id, logprobs = next(sampled)
-            self.generation_tokens_total += 1
-            status = process_sampled_token(req, parent.states[req.request_id], token_id, logprobs, self.tokenizer)
-            if status is None and req.num_tokens >= self.max_model_len:
-                status = RequestStatus.FINISHED_LENGTH
-                parent.states[req.request_id].pending.finish_reason = status.value
-            if status is not None:
-                self.scheduler.finish_request(req, status)
-                parent.finished_children.add(req.request_id)
-            touched[parent.request_id] = parent
+            if item.samples and req.num_output_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
+            for sample in item.sampling_requests:  # the request, then its parallel samples forking from it
+                self._process_sample(parent, sample, *next(sampled))
+                touched[parent.request_id] = parent
         for parent in touched.values():
             outputs.append(self._collect(parent))
         return outputs
+
+    def _process_sample(self, parent: _ParentRequest, req: Request, token_id: int, logprobs) -> None:
+        self.generation_tokens_total += 1
+        status = process_sampled_token(req, parent.states[req.request_id], token_id, logprobs, self.tokenizer)
+        if status is None and req.num_tokens >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+            parent.states[req.request_id].pending.finish_reason = status.value
+        if status is not None:
+            self.scheduler.finish_request(req, status)
+            parent.finished_children.add(req.request_id)
 
     def _record_prompt_logprobs(self, parent, req, item, data) -> None:
         if req.index != 0:
@@ -239,7 +239,7 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager
         running = self.scheduler.running
-        return EngineStats(len(running), len(self.scheduler.waiting), kv.num_free_blocks,
+        return EngineStats(len(running), self.scheduler.num_waiting, kv.num_free_blocks,
                            kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
                            num_live_tokens=sum(r.num_computed_tokens for r in running),

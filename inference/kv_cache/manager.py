@@ -34,7 +34,9 @@ class KVCacheManager:
     With ``enable_prefix_caching``, every full, computed block is remembered by its chained
     content hash (see :mod:`.block_hash`); a new request starts from the longest run of cached
     blocks matching its tokens, always leaving its last token to compute (that step's logits are
-    what it samples from). Only full blocks are shared, and a shared block is never written.
+    what it samples from). Only full blocks are shared, and a shared block is never written:
+    parallel samples of one prompt (:meth:`fork`) share its partly filled last block too, and the
+    first one to append to it while others hold it gets a copy (copy on write).
 
     Args:
         num_blocks: blocks in the pool.
@@ -52,6 +54,7 @@ class KVCacheManager:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._num_cached_blocks: dict[str, int] = {}  # request id -> its blocks registered in the cache
+        self._block_copies: list[tuple[int, int]] = []  # copy-on-write of this step: (source, destination)
 
     @property
     def num_free_blocks(self) -> int:
@@ -120,10 +123,13 @@ class KVCacheManager:
         total = cdiv(request.num_computed_tokens + hit.num_tokens + num_new_tokens, self.block_size)
         needed = max(0, total - len(request.block_ids) - len(hit.block_ids))
         reclaimed = sum(1 for b in hit.block_ids if self.pool.ref_cnt[b] == 0)  # hits now in the free queue
-        if needed + reclaimed > self.pool.num_free_blocks:
+        shared = self._shared_write_block(request)
+        if needed + reclaimed + (shared is not None) > self.pool.num_free_blocks:
             return False
         if computed is not None:
             self._admit(request, hit)
+        if shared is not None:
+            self._copy_on_write(request, shared)
         if needed:
             request.block_ids.extend(self.pool.allocate(needed))
         return True
@@ -139,6 +145,33 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += hit.num_tokens
+
+    # ---- parallel sampling ---------------------------------------------------------------
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give ``child`` (with no blocks) the parent's block table, adding a holder to each block."""
+        child.block_ids = list(parent.block_ids)
+        self.pool.touch(child.block_ids)
+        if parent.request_id in self._num_cached_blocks:
+            self._num_cached_blocks[child.request_id] = self._num_cached_blocks[parent.request_id]
+
+    def _shared_write_block(self, request: Request) -> int | None:
+        """Index in the block table of the block the request writes next, when others hold it too."""
+        index = request.num_computed_tokens // self.block_size
+        if index < len(request.block_ids) and self.pool.ref_cnt[request.block_ids[index]] > 1:
+            return index
+        return None
+
+    def _copy_on_write(self, request: Request, index: int) -> None:
+        [copy] = self.pool.allocate(1)
+        self._block_copies.append((request.block_ids[index], copy))
+        self.pool.free([request.block_ids[index]])
+        request.block_ids[index] = copy
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The ``(source, destination)`` block copies the runner makes before this step's forward
+        (sources are read before any destination is written)."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
 
     def free(self, request: Request) -> None:
         """Drop the request's hold on its blocks (finish, abort or preemption); cached ones stay

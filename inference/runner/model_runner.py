@@ -13,6 +13,7 @@ from ..model_loader import iter_weights
 from ..models import build_model
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .cuda_graph import decode_split_plan, graph_batch_sizes
+from .block_ops import copy_blocks
 from .input_batch import prepare_inputs
 from .kv_sizing import GiB, bytes_per_block
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
@@ -78,6 +79,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass of one step and sample a token for each request that reached its end."""
+        if sched_out.blocks_to_copy:
+            copy_blocks(self.kv_caches, sched_out.blocks_to_copy, self.device)
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
@@ -87,7 +90,7 @@ class ModelRunner:
             hidden = self.graph_runner.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        sampling = [s.request for s in sched_out.scheduled if s.samples]
+        sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
         token_ids: list[int] = []
         logprobs: list = []
         if sampling:
