@@ -39,6 +39,7 @@ class Request:
         output_token_ids: list[int] of generated tokens.
         num_computed_tokens: tokens whose K/V are in the cache (tokens).
         block_ids: the block table, list of physical block ids.
+        cpu_block_ids: the blocks of the CPU swap space holding its KV while swapped out (else empty).
         block_hashes: content hashes of the request's full blocks, computed as they fill
             (prefix caching).
         cache_salt: extra key of those hashes; requests with different salts never share blocks.
@@ -64,6 +65,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.cpu_block_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         self.cache_salt = cache_salt
         self.num_cached_tokens: int | None = None
@@ -88,6 +90,10 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def is_swapped(self) -> bool:
+        return bool(self.cpu_block_ids)
 
     @property
     def is_finished(self) -> bool:

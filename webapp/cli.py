@@ -28,7 +28,11 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                           "'priority' (lower first), then arrival."}),
     "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float, "default": 0.9,
                                                             "help": "Fraction of GPU memory to use."}),
-    "--swap-space": ("swap_space", {"type": float, "default": 0.0, "help": "CPU swap space per GPU, GiB."}),
+    "--swap-space": ("swap_space", {"type": float, "default": 0.0,
+                                    "help": "CPU swap space per engine, GiB (with --preemption-mode swap)."}),
+    "--preemption-mode": ("preemption_mode", {"default": "recompute", "choices": ["recompute", "swap"],
+                                              "help": "What preemption does with a request's KV: recompute it "
+                                                      "later, or swap it to the CPU swap space and back."}),
     "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1, "help": "GPUs per engine."}),
     "--quantization": ("quantization", {"help": "Weight quantization method."}),
     "--kv-cache-space": ("kv_cache_space", {"type": float, "default": 4.0,

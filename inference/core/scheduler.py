@@ -1,4 +1,4 @@
-"""Iteration-level (continuous batching) scheduler with chunked prefill and recompute preemption.
+"""Iteration-level (continuous batching) scheduler with chunked prefill and preemption.
 
 Each step fills a token budget (``max_num_batched_tokens``) with running requests first
 (decodes and unfinished prefill chunks), then waiting ones in the policy's order, up to
@@ -6,8 +6,11 @@ Each step fills a token budget (``max_num_batched_tokens``) with running request
 Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the last running
 request in the policy's order is preempted (the newest under ``fcfs``, the lowest priority under
 ``priority``, see :mod:`.policy`): its blocks are freed and it restarts from its
-prompt plus the tokens it has generated (recompute). With prefix caching, a request being
-admitted starts after its longest cached prefix (a preempted one usually finds its own blocks).
+prompt plus the tokens it has generated (recompute), or, with ``preemption_mode="swap"``, its
+blocks are copied to the CPU swap space and back when it resumes (recompute when the swap space
+is full). With prefix caching, a request being admitted starts after its longest cached prefix
+(a preempted one usually finds its own blocks). Parallel samples of one prompt are prefilled
+once and fork (:mod:`.parallel_sampling`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
 from .parallel_sampling import ParallelSampling
 from .policy import make_policy
+
+PREEMPTION_MODES = ("recompute", "swap")
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
@@ -75,7 +80,8 @@ class Scheduler:
         for item in out.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = now
-        out.blocks_to_copy = self.kv.take_block_copies()
+        ops = self.kv.take_block_ops()
+        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
 
     def _num_new_tokens(self, request: Request, budget: int, num_hit_tokens: int = 0) -> int:
@@ -118,8 +124,12 @@ class Scheduler:
             budget -= num_new
 
     def _allocate_waiting(self, request: Request, budget: int) -> int:
-        """Hold blocks for a waiting request (its prefix hit, then new ones); returns the tokens it
-        computes in this step, 0 when it cannot run now (nothing is held then)."""
+        """Hold blocks for a waiting request (its swapped-out blocks, or its prefix hit, then new
+        ones); returns the tokens it computes in this step, 0 when it cannot run now (nothing is
+        held then)."""
+        if request.is_swapped:
+            num_new = self._num_new_tokens(request, budget)
+            return num_new if num_new and self.kv.swap_in(request, num_new) else 0
         hit = self.kv.get_computed_blocks(request)
         num_new = self._num_new_tokens(request, budget, hit.num_tokens)
         if num_new == 0 or not self.kv.allocate_slots(request, num_new, hit):
@@ -131,10 +141,12 @@ class Scheduler:
         return ScheduledRequest(request, num_new, samples, self.parallel.forks_of(request, samples))
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the request's KV and requeue it (at the front under fcfs)."""
+        """Swap the request's KV out (``preemption_mode="swap"``, while the swap space has room),
+        else drop it to recompute; requeue the request (at the front under fcfs)."""
         self.running.remove(request)
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        if not (self.config.preemption_mode == "swap" and self.kv.swap_out(request)):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1

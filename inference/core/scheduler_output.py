@@ -37,13 +37,18 @@ class SchedulerOutput:
     KV block copies the runner makes before the forward pass.
 
     Attributes:
+        blocks_to_swap_out: ``(GPU block, CPU block)`` of requests swapped out in this step.
         blocks_to_copy: ``(source, destination)`` block ids within the KV cache (copy on write of
             a block that parallel samples share).
+        blocks_to_swap_in: ``(CPU block, GPU block)`` of requests swapped back in.
+    The runner makes them in that order, before the forward pass.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -40,6 +40,11 @@ class EngineStats:
     prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache by admitted requests
     prefix_cache_hits_total: int = 0  # of those, tokens found cached (not computed)
     prompt_tokens_computed_total: int = 0  # prompt positions whose K/V were computed (recomputes included)
+    num_swapped: int = 0  # requests whose KV is in the CPU swap space now
+    num_swapped_out_total: int = 0  # preemptions that swapped out (the others recomputed)
+    num_cpu_blocks: int = 0  # blocks of the CPU swap space
+    num_free_cpu_blocks: int = 0
+    cpu_kv_cache_usage: float = 0.0  # fraction of the CPU swap space in use
 
 
 @dataclass
@@ -78,7 +83,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.runner = ModelRunner(config, num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
-                                               enable_prefix_caching=config.cache.enable_prefix_caching)
+                                               enable_prefix_caching=config.cache.enable_prefix_caching,
+                                               num_cpu_blocks=self.runner.num_cpu_blocks)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
@@ -169,7 +175,8 @@ class LLMEngine:
         """
         outputs, self._aborted_outputs = self._aborted_outputs, []
         sched_out = self.scheduler.schedule()
-        if sched_out.is_empty:
+        if sched_out.is_empty:  # nothing runs; a step that preempted every running request still swaps
+            self.runner.apply_block_ops(sched_out)
             if self.scheduler.num_unfinished and not self.scheduler.running and not sched_out.preempted_ids:
                 raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
             return outputs
@@ -246,4 +253,7 @@ class LLMEngine:
                            num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size,
                            prefix_cache_queries_total=kv.prefix_cache_queries,
                            prefix_cache_hits_total=kv.prefix_cache_hits,
-                           prompt_tokens_computed_total=self.prompt_tokens_computed_total)
+                           prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+                           num_swapped=kv.num_swapped, num_swapped_out_total=kv.num_swapped_out_total,
+                           num_cpu_blocks=kv.num_cpu_blocks, num_free_cpu_blocks=kv.num_free_cpu_blocks,
+                           cpu_kv_cache_usage=kv.cpu_usage)

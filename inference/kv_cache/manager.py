@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..request import Request
 from .block_hash import extend_block_hashes
@@ -28,6 +29,16 @@ class ComputedBlocks:
 NO_HIT = ComputedBlocks()
 
 
+class BlockOps(NamedTuple):
+    """The block copies a step's scheduling decided, as ``(source, destination)`` block id pairs,
+    made by the runner before the forward pass in this order: swap_out (GPU -> CPU swap space),
+    copy (within the KV cache, copy on write), swap_in (CPU -> GPU)."""
+
+    swap_out: list[tuple[int, int]]
+    copy: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+
+
 class KVCacheManager:
     """Allocates each request's block table.
 
@@ -42,19 +53,24 @@ class KVCacheManager:
         num_blocks: blocks in the pool.
         block_size: tokens per block.
         enable_prefix_caching: share full blocks between requests by content hash.
+        num_cpu_blocks: blocks of the CPU swap space (0: no swapping).
     Attributes:
         prefix_cache_queries, prefix_cache_hits: tokens looked up / found in the prefix cache
             by admitted requests (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 num_cpu_blocks: int = 0) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
+        self.cpu_pool = BlockPool(num_cpu_blocks) if num_cpu_blocks else None
+        self.num_swapped = 0  # requests whose KV is in the CPU swap space now
+        self.num_swapped_out_total = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._num_cached_blocks: dict[str, int] = {}  # request id -> its blocks registered in the cache
-        self._block_copies: list[tuple[int, int]] = []  # copy-on-write of this step: (source, destination)
+        self._ops = BlockOps([], [], [])  # this step's block copies
 
     @property
     def num_free_blocks(self) -> int:
@@ -68,6 +84,19 @@ class KVCacheManager:
     def usage(self) -> float:
         """Fraction of blocks held by requests, 0..1 (cached blocks nobody holds count as free)."""
         return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.cpu_pool.num_blocks if self.cpu_pool else 0
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return self.cpu_pool.num_free_blocks if self.cpu_pool else 0
+
+    @property
+    def cpu_usage(self) -> float:
+        """Fraction of the CPU swap space in use, 0..1 (0 without one)."""
+        return 1.0 - self.num_free_cpu_blocks / self.num_cpu_blocks if self.cpu_pool else 0.0
 
     # ---- prefix caching ----------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
@@ -163,20 +192,61 @@ class KVCacheManager:
 
     def _copy_on_write(self, request: Request, index: int) -> None:
         [copy] = self.pool.allocate(1)
-        self._block_copies.append((request.block_ids[index], copy))
+        self._ops.copy.append((request.block_ids[index], copy))
         self.pool.free([request.block_ids[index]])
         request.block_ids[index] = copy
 
-    def take_block_copies(self) -> list[tuple[int, int]]:
-        """The ``(source, destination)`` block copies the runner makes before this step's forward
-        (sources are read before any destination is written)."""
-        copies, self._block_copies = self._block_copies, []
-        return copies
+    # ---- swap preemption ------------------------------------------------------------------
+    def swap_out(self, request: Request) -> bool:
+        """Move a preempted request's computed blocks to the CPU swap space: the copies are made
+        before this step's forward, and its GPU blocks are released now (``num_computed_tokens``
+        stays). Returns False, changing nothing, when the swap space lacks room (or is absent)."""
+        num = cdiv(request.num_computed_tokens, self.block_size)
+        if self.cpu_pool is None or num == 0 or num > self.cpu_pool.num_free_blocks:
+            return False
+        request.cpu_block_ids = self.cpu_pool.allocate(num)
+        self._ops.swap_out.extend(zip(request.block_ids[:num], request.cpu_block_ids))
+        self._release(request)
+        self.num_swapped += 1
+        self.num_swapped_out_total += 1
+        return True
+
+    def swap_in(self, request: Request, num_new_tokens: int) -> bool:
+        """Bring a swapped-out request back: GPU blocks for its KV (copied back before this step's
+        forward) and for ``num_new_tokens`` more. Returns False, changing nothing, without room.
+
+        Raises:
+            RuntimeError: blocks were swapped out in the same step (the scheduler never does both).
+        """
+        if self._ops.swap_out:
+            raise RuntimeError("swap-in and swap-out in one step")
+        total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        if total > self.pool.num_free_blocks:
+            return False
+        request.block_ids = self.pool.allocate(total)
+        self._ops.swap_in.extend(zip(request.cpu_block_ids, request.block_ids))
+        self._release_cpu(request)
+        return True
+
+    def take_block_ops(self) -> BlockOps:
+        """This step's block copies, for the scheduler output (and forget them here)."""
+        ops, self._ops = self._ops, BlockOps([], [], [])
+        return ops
 
     def free(self, request: Request) -> None:
-        """Drop the request's hold on its blocks (finish, abort or preemption); cached ones stay
-        reusable until the pool needs them, the request's last blocks evicted first."""
+        """Drop the request's hold on its blocks, GPU and CPU (finish, abort or preemption); cached
+        ones stay reusable until the pool needs them, the request's last blocks evicted first."""
+        self._release(request)
+        self._release_cpu(request)
+
+    def _release(self, request: Request) -> None:
         if request.block_ids:
             self.pool.free(reversed(request.block_ids))
             request.block_ids = []
         self._num_cached_blocks.pop(request.request_id, None)
+
+    def _release_cpu(self, request: Request) -> None:
+        if request.cpu_block_ids:
+            self.cpu_pool.free(request.cpu_block_ids)
+            request.cpu_block_ids = []
+            self.num_swapped -= 1

@@ -31,9 +31,9 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write():
     for f in followers:  # each appends its own token at position 6: the shared block 1 is copied first
         assert kv.allocate_slots(f, 1)
     assert [f.block_ids for f in followers] == [[0, 2], [0, 3]]
-    assert kv.take_block_copies() == [(1, 2), (1, 3)] and kv.take_block_copies() == []
+    assert kv.take_block_ops().copy == [(1, 2), (1, 3)] and kv.take_block_ops().copy == []
     assert kv.allocate_slots(leader, 1)  # the last holder writes in place
-    assert leader.block_ids == [0, 1] and kv.take_block_copies() == []
+    assert leader.block_ids == [0, 1] and kv.take_block_ops().copy == []
     assert kv.pool.ref_cnt[:4] == [3, 1, 1, 1] and kv.num_free_blocks == 6
     for r in [leader, *followers]:
         kv.free(r)
@@ -49,7 +49,7 @@ def test_copy_on_write_counts_the_copy_against_free_blocks():
     kv.fork(leader, follower)
     follower.num_computed_tokens = 6
     assert not kv.allocate_slots(follower, 1)  # no block for the copy: nothing changes
-    assert follower.block_ids == [0, 1] and kv.take_block_copies() == []
+    assert follower.block_ids == [0, 1] and kv.take_block_ops().copy == []
 
 
 def test_scheduler_prefills_once_then_forks():
