@@ -20,10 +20,10 @@ from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
 from .parallel_sampling import ParallelSampling
-from .policy import make_policy
+from .policy import SchedulingPolicy, make_policy
+from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 PREEMPTION_MODES = ("recompute", "swap")
-from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
@@ -32,7 +32,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv = kv_cache_manager
-        self.waiting = make_policy(config.scheduling_policy)  # the waiting queue, in the policy's order
+        self.policy = make_policy(config.scheduling_policy)
         self.running: list[Request] = []
         self.parallel = ParallelSampling()  # parallel samples waiting for their prompt's prefill
         self.requests: dict[str, Request] = {}
@@ -45,19 +45,24 @@ class Scheduler:
         for r in [request, *(followers or [])]:
             self.requests[r.request_id] = r
         self.parallel.hold(request, followers or [])
-        self.waiting.add(request)
+        self.policy.add(request)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Mark a request finished, take it out of the queues and free its blocks."""
         request.status = status
         if request in self.running:
             self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        elif request in self.policy:
+            self.policy.remove(request)
         else:
             self.parallel.discard(request)
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
+
+    @property
+    def waiting(self) -> SchedulingPolicy:
+        """The waiting queue (the policy owns it and its order)."""
+        return self.policy
 
     @property
     def num_waiting(self) -> int:
@@ -91,7 +96,7 @@ class Scheduler:
         return num_new if num_new <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        self.waiting.order_running(self.running)
+        self.policy.order_running(self.running)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -112,12 +117,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
+        while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.policy.peek()
             num_new = self._allocate_waiting(request, budget)
             if num_new == 0:
                 break
-            self.waiting.pop()
+            self.policy.pop()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
@@ -150,7 +155,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.requeue(request)
+        self.policy.requeue(request)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step and register
@@ -162,17 +167,18 @@ class Scheduler:
                 self._fork(item.request)
 
     def _fork(self, leader: Request) -> None:
-        """Give the leader's followers its block table (shared) and let them run, or wait at the
-        front of the queue with their blocks when ``max_num_seqs`` is reached."""
+        """Give the leader's followers its block table (shared) and let them run. Those beyond
+        ``max_num_seqs`` wait holding no blocks, as if preempted: they compute their prompt (and
+        first token) when admitted, from the prefix cache when it is on."""
         overflow = []
         for follower in self.parallel.release(leader):
-            self.kv.fork(leader, follower)
-            follower.num_computed_tokens = leader.num_computed_tokens
             follower.first_scheduled_time = leader.first_scheduled_time
             if len(self.running) < self.config.max_num_seqs:
+                self.kv.fork(leader, follower)
+                follower.num_computed_tokens = leader.num_computed_tokens
                 follower.status = RequestStatus.RUNNING
                 self.running.append(follower)
             else:
                 overflow.append(follower)
         for follower in reversed(overflow):
-            self.waiting.requeue(follower)
+            self.policy.requeue(follower)

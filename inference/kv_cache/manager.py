@@ -142,8 +142,9 @@ class KVCacheManager:
         """Grow ``request.block_ids`` so that ``num_new_tokens`` more tokens fit.
 
         Args:
-            computed: for a request being admitted: its prefix hit (from :meth:`get_computed_blocks`);
-                the hit blocks become the start of its block table and its ``num_computed_tokens``.
+            computed: for a request being admitted with nothing computed: its prefix hit (from
+                :meth:`get_computed_blocks`, counted in the prefix-cache metrics); the hit blocks
+                become the start of its block table and its ``num_computed_tokens``.
                 ``num_new_tokens`` counts the tokens after the hit.
         Returns:
             False (and changes nothing) when the pool has too few free blocks.
@@ -155,7 +156,7 @@ class KVCacheManager:
         shared = self._shared_write_block(request)
         if needed + reclaimed + (shared is not None) > self.pool.num_free_blocks:
             return False
-        if computed is not None:
+        if computed is not None and request.num_computed_tokens == 0:
             self._admit(request, hit)
         if shared is not None:
             self._copy_on_write(request, shared)

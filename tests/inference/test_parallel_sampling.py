@@ -8,7 +8,7 @@ from inference import LLM, SamplingParams
 from inference.config import SchedulerConfig
 from inference.core.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
-from inference.request import Request
+from inference.request import Request, RequestStatus
 
 SEED_MULTIPLIER = 1000003  # Request seeds sample i's generator with seed * SEED_MULTIPLIER + i (mod 2**64)
 
@@ -122,3 +122,27 @@ def test_seeded_samples_equal_separate_requests(test_prompts, engine_kwargs):
     if "num_kv_blocks" in engine_kwargs:
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
     assert llm.llm_engine.kv_cache_manager.num_free_blocks == llm.llm_engine.kv_cache_manager.num_blocks
+
+
+def test_samples_beyond_max_num_seqs_wait_without_blocks():
+    config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    scheduler = Scheduler(config, KVCacheManager(10, 4))
+    children = [make_request(f"p#{i}", i, list(range(6))) for i in range(4)]
+    scheduler.add_request(children[0], followers=children[1:])
+    steps = 0
+    while scheduler.num_unfinished:
+        out = scheduler.schedule()
+        scheduler.update_after_step(out)
+        if steps == 0:
+            assert scheduler.running == children[:2] and children[1].block_ids == children[0].block_ids
+            assert [r.request_id for r in scheduler.waiting] == ["p#2", "p#3"]
+            assert children[2].block_ids == [] and children[2].num_computed_tokens == 0
+            assert scheduler.kv.num_free_blocks == 8
+        for item in out.scheduled:
+            for r in item.sampling_requests:
+                r.append_output_token(1)
+                if r.num_output_tokens == 3:
+                    scheduler.finish_request(r, RequestStatus.FINISHED_LENGTH)
+        steps += 1
+    assert all(c.num_output_tokens == 3 for c in children)
+    assert scheduler.kv.num_free_blocks == 10
