@@ -51,7 +51,7 @@ class CacheConfig:
         kv_cache_space: GiB of KV cache on CPU.
         num_blocks: blocks in the pool; None until the model runner has sized it.
         enable_prefix_caching: share full blocks between requests by content hash.
-        swap_space: GiB of pinned CPU memory for swapped-out blocks.
+        swap_space: GiB of CPU memory (pinned on CUDA) for swapped-out blocks (preemption_mode "swap").
     """
 
     block_size: int = 16
@@ -74,12 +74,18 @@ class SchedulerConfig:
         max_num_batched_tokens: tokens (prefill + decode) in one step.
         max_model_len: longest prompt + output, in tokens.
         enable_chunked_prefill: split long prompts over steps and mix them with decodes.
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"priority"`` (lower ``priority`` first,
+            ties by arrival; preemption takes the lowest priority first).
+        preemption_mode: ``"recompute"`` (drop the KV, recompute on resume) or ``"swap"`` (copy the
+            KV blocks to the CPU swap space and back; recompute when the swap space is full).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,7 @@ class EngineConfig:
         return self.scheduler.max_model_len
 
 
-def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None,
-                            swap_space: float = 0.0, enable_prefix_caching: bool = False) -> None:
+def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None) -> None:
     """Refuse flags whose features are planned but not built, instead of ignoring them.
 
     Raises:
@@ -118,7 +123,3 @@ def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | N
         raise NotSupportedYetError("tensor_parallel_size > 1 is not supported yet.")
     if quantization:
         raise NotSupportedYetError(f"quantization={quantization!r} is not supported yet.")
-    if swap_space:
-        raise NotSupportedYetError("swap_space (swap preemption) is not supported yet; preemption recomputes.")
-    if enable_prefix_caching:
-        raise NotSupportedYetError("enable_prefix_caching is not supported yet.")

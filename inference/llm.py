@@ -34,14 +34,16 @@ class LLM:
 
     def generate(self, prompts: str | Sequence[str] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, *, prompt_token_ids: Sequence[Sequence[int]] | None = None
-                 ) -> list[RequestOutput]:
+                 use_tqdm: bool = True, *, prompt_token_ids: Sequence[Sequence[int]] | None = None,
+                 priority: Sequence[int] | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
         """Generate completions for all prompts, batched continuously; returns outputs in prompt order.
 
         Args:
             prompts: one text or a list of texts (or use ``prompt_token_ids``).
             sampling_params: one for all prompts or one per prompt (default ``SamplingParams()``).
             use_tqdm: show a progress bar when there is more than one prompt.
+            priority: one priority per prompt (lower runs earlier; needs ``scheduling_policy="priority"``).
+            cache_salt: prefix-cache key of these prompts (see ``LLMEngine.add_request``).
         Raises:
             InvalidRequestError: a bad prompt or parameter; nothing from this call stays queued.
         """
@@ -58,7 +60,9 @@ class LLM:
             if len(params_list) != len(inputs):
                 raise InvalidRequestError("sampling_params must be one object or one per prompt.",
                                           param="sampling_params")
-        ids = self._add_all(inputs, params_list)
+        if priority is not None and len(priority) != len(inputs):
+            raise InvalidRequestError("priority must have one value per prompt.", param="priority")
+        ids = self._add_all(inputs, params_list, priority=priority, cache_salt=cache_salt)
         return self._run(ids, use_tqdm and len(ids) > 1)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
@@ -80,14 +84,16 @@ class LLM:
         ids = self._add_all(token_ids, [sampling_params or SamplingParams()] * len(token_ids), texts=prompts)
         return self._run(ids, use_tqdm and len(ids) > 1)
 
-    def _add_all(self, inputs: list, params_list: list[SamplingParams], texts: list[str] | None = None) -> list[str]:
+    def _add_all(self, inputs: list, params_list: list[SamplingParams], texts: list[str] | None = None,
+                 priority: Sequence[int] | None = None, cache_salt: str | None = None) -> list[str]:
         engine = self.llm_engine
         ids: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(inputs, params_list)):
                 request_id = str(self._next_id)
                 self._next_id += 1
-                engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None)
+                engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None,
+                                   priority=priority[i] if priority else 0, cache_salt=cache_salt)
                 ids.append(request_id)
         except Exception:
             engine.abort_request(ids, report=False)  # nothing of this call stays queued

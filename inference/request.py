@@ -1,7 +1,8 @@
 """The engine's per-sequence state.
 
 A user request with ``n`` samples becomes ``n`` engine ``Request`` objects (one per
-sample) that share the parent's id; each owns its own block table.
+sample) that share the parent's id; each has its own block table, whose blocks may be
+shared with other requests (prefix hits, parallel samples of one prompt).
 """
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ class Request:
         output_token_ids: list[int] of generated tokens.
         num_computed_tokens: tokens whose K/V are in the cache (tokens).
         block_ids: the block table, list of physical block ids.
+        cpu_block_ids: the blocks of the CPU swap space holding its KV while swapped out (else empty).
+        block_hashes: content hashes of the request's full blocks, computed as they fill
+            (prefix caching).
+        cache_salt: extra key of those hashes; requests with different salts never share blocks.
+        num_cached_tokens: prompt tokens served from the prefix cache at first admission (None before).
+        priority: scheduling priority, lower runs earlier (the "priority" policy).
         max_tokens: effective output limit (tokens).
         generator: per-request ``torch.Generator`` when ``sampling_params.seed`` is set.
         tenant_id: the tenant whose GPU share the request runs on (None: the engine's own).
@@ -45,7 +52,7 @@ class Request:
 
     def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, max_tokens: int, arrival_time: float | None = None,
-                 priority: int = 0, tenant_id: str | None = None) -> None:
+                 priority: int = 0, cache_salt: str | None = None, tenant_id: str | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id
         self.index = index
@@ -60,6 +67,10 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.cpu_block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.cache_salt = cache_salt
+        self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
         self.first_scheduled_time: float | None = None
@@ -81,6 +92,10 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def is_swapped(self) -> bool:
+        return bool(self.cpu_block_ids)
 
     @property
     def is_finished(self) -> bool:

@@ -25,9 +25,16 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                             "default": True, "help": "Split long prefills."}),
     "--enable-prefix-caching": ("enable_prefix_caching", {"action": "store_true",
                                                           "help": "Share KV blocks of common prefixes."}),
+    "--scheduling-policy": ("scheduling_policy", {"default": "fcfs", "choices": ["fcfs", "priority"],
+                                                  "help": "fcfs: arrival order; priority: the request's "
+                                                          "'priority' (lower first), then arrival."}),
     "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float, "default": 0.9,
                                                             "help": "Fraction of GPU memory to use."}),
-    "--swap-space": ("swap_space", {"type": float, "default": 0.0, "help": "CPU swap space per GPU, GiB."}),
+    "--swap-space": ("swap_space", {"type": float, "default": 0.0,
+                                    "help": "CPU swap space per engine, GiB (with --preemption-mode swap)."}),
+    "--preemption-mode": ("preemption_mode", {"default": "recompute", "choices": ["recompute", "swap"],
+                                              "help": "What preemption does with a request's KV: recompute it "
+                                                      "later, or swap it to the CPU swap space and back."}),
     "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1, "help": "GPUs per engine."}),
     "--quantization": ("quantization", {"help": "Weight quantization method."}),
     "--kv-cache-space": ("kv_cache_space", {"type": float, "default": 4.0,

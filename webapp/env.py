@@ -11,6 +11,7 @@ worker); a deployment sets them itself.
 ``TESSERA_CHAT_TEMPLATE``      Jinja chat template, or a path to a file holding one.
 ``TESSERA_API_KEY``            when set, requests need ``Authorization: Bearer <key>``.
 ``TESSERA_KEY_ONLY``           ``1``: every API request needs a valid key (tenant or deployment).
+``TESSERA_SHARE_PREFIX_CACHE`` ``1``: tenants share cached prompt prefixes (default: a salt per tenant).
 ``TESSERA_DB_PATH``            SQLite database file (default ``db.sqlite3`` in the repository).
 ``TESSERA_LOG_LEVEL``          log level name (default ``INFO``).
 ``DJANGO_SECRET_KEY``          Django's secret key (a fixed development key otherwise).
@@ -38,6 +39,7 @@ class ServingEnv:
     chat_template: str | None
     api_key: str | None
     key_only: bool
+    share_prefix_cache: bool
     db_path: Path
     log_level: str
     secret_key: str
@@ -54,6 +56,7 @@ class ServingEnv:
             chat_template=environ.get("TESSERA_CHAT_TEMPLATE") or None,
             api_key=environ.get("TESSERA_API_KEY") or None,
             key_only=environ.get("TESSERA_KEY_ONLY", "") in ("1", "true", "True"),
+            share_prefix_cache=environ.get("TESSERA_SHARE_PREFIX_CACHE", "") in ("1", "true", "True"),
             db_path=Path(environ.get("TESSERA_DB_PATH") or BASE_DIR / "db.sqlite3"),
             log_level=(environ.get("TESSERA_LOG_LEVEL") or "INFO").upper(),
             secret_key=environ.get("DJANGO_SECRET_KEY") or "tessera-development-key-change-me-in-production",

@@ -22,11 +22,16 @@ HISTOGRAMS = {
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
+    "vllm:num_requests_swapped": ("num_swapped", "Number of requests swapped to CPU."),
 }
 COUNTERS = {
     "vllm:prompt_tokens": ("prompt_tokens_total", "Number of prefill tokens processed."),
     "vllm:generation_tokens": ("generation_tokens_total", "Number of generation tokens processed."),
     "vllm:num_preemptions": ("num_preemptions_total", "Cumulative number of preemptions from the engine."),
+    "tessera:num_swapped_out": ("num_swapped_out_total", "Preemptions that swapped the request's KV to CPU."),
+    "vllm:prefix_cache_queries": ("prefix_cache_queries_total",
+                                  "Prefix cache queries, in terms of number of queried tokens."),
+    "vllm:prefix_cache_hits": ("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
 }
 
 
@@ -47,9 +52,12 @@ class WorkersCollector:
         yield live
         for name, (field, doc) in GAUGES.items():
             yield self._gauge(name, doc, lambda ws, f=field: sum(w["stats"].get(f, 0) for w in ws))
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _kv_usage)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          _usage("num_total_blocks", "num_free_blocks"))
         yield self._gauge("tessera:kv_cache_free_blocks", "Free KV-cache blocks over the live workers.",
                           lambda ws: sum(w["stats"].get("num_free_blocks", 0) for w in ws))
+        yield self._gauge("vllm:cpu_cache_usage_perc", "CPU-cache (swap space) usage. 1 means 100 percent usage.",
+                          _usage("num_cpu_blocks", "num_free_cpu_blocks"))
         for name, (field, doc) in COUNTERS.items():
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             for model, workers in self.by_model.items():
@@ -95,10 +103,13 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def _kv_usage(workers: list[dict[str, Any]]) -> float:
-    total = sum(w["stats"].get("num_total_blocks", 0) for w in workers)
-    free = sum(w["stats"].get("num_free_blocks", 0) for w in workers)
-    return (total - free) / total if total else 0.0
+def _usage(total_field: str, free_field: str):
+    """Used fraction of a block pool summed over workers, from two stats fields."""
+    def usage(workers: list[dict[str, Any]]) -> float:
+        total = sum(w["stats"].get(total_field, 0) for w in workers)
+        free = sum(w["stats"].get(free_field, 0) for w in workers)
+        return (total - free) / total if total else 0.0
+    return usage
 
 
 def render(workers: list[dict[str, Any]], models: Iterable[str]) -> bytes:

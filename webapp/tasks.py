@@ -14,7 +14,8 @@ def generate(payload: dict) -> None:
     """Hand one engine request to this worker's engine (see ``WorkerRuntime.admit``).
 
     ``payload`` holds ids and plain values only: ``rid``, ``reply``, ``prompt_token_ids``,
-    ``params``, ``arrival``. If the worker is stopping, the message goes back to the queue.
+    ``params``, ``priority``, ``cache_salt``, ``arrival``. If the worker is stopping, the message goes
+    back to the queue.
     """
     try:
         get_runtime().admit(payload)

@@ -1,22 +1,30 @@
-"""Iteration-level (continuous batching) scheduler with chunked prefill and recompute preemption.
+"""Iteration-level (continuous batching) scheduler with chunked prefill and preemption.
 
 Each step fills a token budget (``max_num_batched_tokens``) with running requests first
-(decodes and unfinished prefill chunks), then waiting ones in arrival order, up to
+(decodes and unfinished prefill chunks), then waiting ones in the policy's order, up to
 ``max_num_seqs`` requests (Yu et al., "Orca", OSDI 2022; chunked prefill after
-Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the most recently
-admitted running request is preempted: its blocks are freed and it restarts from its
-prompt plus the tokens it has generated (recompute).
+Agrawal et al., "Sarathi-Serve", OSDI 2024). When the KV pool runs out, the last running
+request in the policy's order is preempted (the newest under ``fcfs``, the lowest priority under
+``priority``, see :mod:`.policy`): its blocks are freed and it restarts from its
+prompt plus the tokens it has generated (recompute), or, with ``preemption_mode="swap"``, its
+blocks are copied to the CPU swap space and back when it resumes (recompute when the swap space
+is full). With prefix caching, a request being admitted starts after its longest cached prefix
+(a preempted one usually finds its own blocks). Parallel samples of one prompt are prefilled
+once and fork (:mod:`.parallel_sampling`).
 """
 from __future__ import annotations
 
 import time
-from collections import deque
 
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
 from .fair_share import FairShare
+from .parallel_sampling import ParallelSampling
+from .policy import SchedulingPolicy, make_policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
+
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 class Scheduler:
@@ -25,38 +33,52 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv = kv_cache_manager
-        self.waiting: deque[Request] = deque()
+        self.policy = make_policy(config.scheduling_policy)
         self.running: list[Request] = []
+        self.parallel = ParallelSampling()  # parallel samples waiting for their prompt's prefill
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
-        self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: arrival order
+        self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
 
     # ---- admission and removal -------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
+    def add_request(self, request: Request, followers: list[Request] | None = None) -> None:
+        """Queue a request; ``followers`` are the other samples of its prompt (``n > 1``), which
+        fork from it once its prompt is computed."""
+        for r in [request, *(followers or [])]:
+            self.requests[r.request_id] = r
+        self.parallel.hold(request, followers or [])
+        self.policy.add(request)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Mark a request finished, take it out of the queues and free its blocks."""
         request.status = status
         if request in self.running:
             self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        elif request in self.policy:
+            self.policy.remove(request)
+        else:
+            self.parallel.discard(request)
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
 
     @property
+    def waiting(self) -> SchedulingPolicy:
+        """The waiting queue (the policy owns it and its order)."""
+        return self.policy
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running: queued ones and parallel samples waiting for their prompt."""
+        return len(self.waiting) + len(self.parallel)
+
+    @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return self.num_waiting + len(self.running)
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Build the batch for one step (see module docstring)."""
         out = SchedulerOutput()
-        if self.fair_share is not None:
-            self.running = self.fair_share.order_running(self.running)
-            self.waiting = deque(self.fair_share.order_waiting(self.waiting, self.running, self.config.max_num_seqs))
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
         if not out.preempted_ids:
@@ -65,15 +87,20 @@ class Scheduler:
         for item in out.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = now
+        ops = self.kv.take_block_ops()
+        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, budget: int, num_hit_tokens: int = 0) -> int:
+        num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
         if self.config.enable_chunked_prefill:
             return min(num_new, budget)
         return num_new if num_new <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        self.policy.order_running(self.running)
+        if self.fair_share is not None:  # tenants furthest below their share first, stable within one
+            self.running[:] = self.fair_share.order_running(self.running)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -94,35 +121,73 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self.kv.allocate_slots(request, num_new):
+        order = None  # the policy's own order; with tenant shares, weighted fair queuing over tenants
+        if self.fair_share is not None and self.policy:
+            order = iter(self.fair_share.order_waiting(list(self.policy), self.running, self.config.max_num_seqs))
+        while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.policy.peek() if order is None else next(order)
+            num_new = self._allocate_waiting(request, budget)
+            if num_new == 0:
                 break
-            self.waiting.popleft()
+            self.policy.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
 
-    @staticmethod
-    def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
+    def _allocate_waiting(self, request: Request, budget: int) -> int:
+        """Hold blocks for a waiting request (its swapped-out blocks, or its prefix hit, then new
+        ones); returns the tokens it computes in this step, 0 when it cannot run now (nothing is
+        held then)."""
+        if request.is_swapped:
+            num_new = self._num_new_tokens(request, budget)
+            return num_new if num_new and self.kv.swap_in(request, num_new) else 0
+        hit = self.kv.get_computed_blocks(request)
+        num_new = self._num_new_tokens(request, budget, hit.num_tokens)
+        if num_new == 0 or not self.kv.allocate_slots(request, num_new, hit):
+            return 0
+        return num_new
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         samples = request.num_computed_tokens + num_new == request.num_tokens
-        return ScheduledRequest(request, num_new, samples)
+        return ScheduledRequest(request, num_new, samples, self.parallel.forks_of(request, samples))
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the request's KV and requeue it at the front."""
+        """Swap the request's KV out (``preemption_mode="swap"``, while the swap space has room),
+        else drop it to recompute; requeue the request (at the front under fcfs)."""
         self.running.remove(request)
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        if not (self.config.preemption_mode == "swap" and self.kv.swap_out(request)):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(request)
+        self.policy.requeue(request)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance ``num_computed_tokens`` of every request that ran in the step."""
+        """Advance ``num_computed_tokens`` of every request that ran in the step and register
+        its newly completed blocks in the prefix cache."""
         for item in out.scheduled:
             item.request.num_computed_tokens += item.num_scheduled_tokens
             if self.fair_share is not None:
                 self.fair_share.charge(item.request.tenant_id, item.num_scheduled_tokens)
+            self.kv.cache_blocks(item.request)
+            if item.forks:
+                self._fork(item.request)
+
+    def _fork(self, leader: Request) -> None:
+        """Give the leader's followers its block table (shared) and let them run. Those beyond
+        ``max_num_seqs`` wait holding no blocks, as if preempted: they compute their prompt (and
+        first token) when admitted, from the prefix cache when it is on."""
+        overflow = []
+        for follower in self.parallel.release(leader):
+            follower.first_scheduled_time = leader.first_scheduled_time
+            if len(self.running) < self.config.max_num_seqs:
+                self.kv.fork(leader, follower)
+                follower.num_computed_tokens = leader.num_computed_tokens
+                follower.status = RequestStatus.RUNNING
+                self.running.append(follower)
+            else:
+                overflow.append(follower)
+        for follower in reversed(overflow):
+            self.policy.requeue(follower)

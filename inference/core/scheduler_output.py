@@ -16,19 +16,39 @@ class ScheduledRequest:
         request: the request (its ``num_computed_tokens`` is the count *before* this step).
         num_scheduled_tokens: tokens computed in this step (1 for a decode).
         samples: whether this step reaches the end of the known tokens, so a token is sampled.
+        forks: parallel samples of the same prompt that sample their first token from this
+            request's last row in this step and then share its blocks (see ``core.parallel_sampling``).
     """
 
     request: Request
     num_scheduled_tokens: int
     samples: bool
+    forks: list[Request] = field(default_factory=list)
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        """The requests that sample a token from this item's last row, in batch order."""
+        return [self.request, *self.forks] if self.samples else []
 
 
 @dataclass
 class SchedulerOutput:
-    """What one step computes: requests in batch order, and ids preempted during scheduling."""
+    """What one step computes: requests in batch order, ids preempted during scheduling, and the
+    KV block copies the runner makes before the forward pass.
+
+    Attributes:
+        blocks_to_swap_out: ``(GPU block, CPU block)`` of requests swapped out in this step.
+        blocks_to_copy: ``(source, destination)`` block ids within the KV cache (copy on write of
+            a block that parallel samples share).
+        blocks_to_swap_in: ``(CPU block, GPU block)`` of requests swapped back in.
+    The runner makes them in that order, before the forward pass.
+    """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

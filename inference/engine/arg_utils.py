@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
+from ..core.policy import POLICIES
+from ..core.scheduler import PREEMPTION_MODES
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 
@@ -39,6 +41,8 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = False
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
     swap_space: float = 0.0
     tensor_parallel_size: int = 1
     quantization: str | None = None
@@ -69,6 +73,19 @@ class EngineArgs:
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.",
                                       param="max_num_seqs")
+        if self.scheduling_policy not in POLICIES:
+            raise InvalidRequestError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
+                                      f"{self.scheduling_policy!r}.", param="scheduling_policy")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise InvalidRequestError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got "
+                                      f"{self.preemption_mode!r}.", param="preemption_mode")
+        if self.swap_space < 0 or (self.preemption_mode == "swap" and not self.swap_space > 0):
+            raise InvalidRequestError(f"swap_space must be positive (GiB) for preemption_mode='swap', got "
+                                      f"{self.swap_space}.", param="swap_space")
+        if self.swap_space and self.preemption_mode != "swap":
+            logger.warning("swap_space=%s GiB is unused: preemption_mode is %r (pass preemption_mode='swap', "
+                           "--preemption-mode swap, to swap preempted requests out)", self.swap_space,
+                           self.preemption_mode)
         if self.load_format not in ("auto", "dummy"):
             raise InvalidRequestError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.",
                                       param="load_format")
@@ -82,8 +99,7 @@ class EngineArgs:
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
         """
         self._check_ranges()
-        check_not_supported_yet(self.tensor_parallel_size, self.quantization, self.swap_space,
-                                self.enable_prefix_caching)
+        check_not_supported_yet(self.tensor_parallel_size, self.quantization)
         if self.load_format != "dummy" and is_dummy_only(self.model):
             raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
                                  "tokenizer only). Pass load_format='dummy' to run it with random weights.",
@@ -117,5 +133,7 @@ class EngineArgs:
                               swap_space=self.swap_space),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
-                                      enable_chunked_prefill=self.enable_chunked_prefill),
+                                      enable_chunked_prefill=self.enable_chunked_prefill,
+                                      scheduling_policy=self.scheduling_policy,
+                                      preemption_mode=self.preemption_mode),
         )

@@ -40,6 +40,14 @@ class EngineStats:
     generation_tokens_total: int
     num_live_tokens: int = 0  # tokens whose K/V are cached, over running requests
     num_allocated_slots: int = 0  # blocks held by running requests x block_size
+    prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache by admitted requests
+    prefix_cache_hits_total: int = 0  # of those, tokens found cached (not computed)
+    prompt_tokens_computed_total: int = 0  # prompt positions whose K/V were computed (recomputes included)
+    num_swapped: int = 0  # requests whose KV is in the CPU swap space now
+    num_swapped_out_total: int = 0  # preemptions that swapped out (the others recomputed)
+    num_cpu_blocks: int = 0  # blocks of the CPU swap space
+    num_free_cpu_blocks: int = 0
+    cpu_kv_cache_usage: float = 0.0  # fraction of the CPU swap space in use
 
 
 @dataclass
@@ -77,7 +85,9 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.runner = ModelRunner(config, num_kv_blocks)
-        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size)
+        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
+                                               enable_prefix_caching=config.cache.enable_prefix_caching,
+                                               num_cpu_blocks=self.runner.num_cpu_blocks)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
@@ -87,6 +97,7 @@ class LLMEngine:
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prompt_tokens_computed_total = 0
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -99,19 +110,28 @@ class LLMEngine:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None,
-                    tenant_id: str | None = None) -> str:
+                    cache_salt: str | None = None, tenant_id: str | None = None) -> str:
         """Queue a request; returns its id (generated when ``request_id`` is None).
 
         Args:
             prompt: text (tokenized with the model's tokenizer, special tokens added) or token ids.
+            arrival_time: ``time.monotonic()`` seconds of arrival (now when None).
+            priority: lower runs earlier under ``scheduling_policy="priority"``.
             prompt_text: the text of a prompt given as token ids, echoed in the outputs.
+            cache_salt: prefix-cache key: requests share cached blocks only with requests of the
+                same salt (one per tenant keeps tenants from hitting, or timing, each other's prompts).
             tenant_id: whose GPU share the request runs on (see :meth:`set_tenant_shares`).
         Raises:
-            InvalidRequestError: a duplicate id, or a prompt/params outside the limits (nothing is queued).
+            InvalidRequestError: a duplicate id, a prompt/params outside the limits, or a priority other
+                than 0 under the ``fcfs`` policy (nothing is queued).
         """
         request_id = request_id if request_id is not None else str(next(self._counter))
         if request_id in self._parents:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
+        if priority != 0 and self.config.scheduler.scheduling_policy == "fcfs":
+            raise InvalidRequestError(f"Got priority {priority}, but priority scheduling is not enabled "
+                                      "(scheduling_policy='priority', --scheduling-policy priority).",
+                                      param="priority")
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -122,11 +142,10 @@ class LLMEngine:
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
-                                    arrival_time, priority, tenant_id))
+                                    arrival_time, priority, cache_salt, tenant_id))
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
         self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
-        for child in children:
-            self.scheduler.add_request(child)
+        self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
 
     def set_tenant_shares(self, shares: Mapping[str, float], priorities: Mapping[str, int] | None = None) -> None:
@@ -195,14 +214,18 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         if not sched_out.is_empty:
             self._inflight = (sched_out, self.runner.execute_async(sched_out))
-        elif not sampled and self.scheduler.num_unfinished and not self.scheduler.running:
-            raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
+        else:  # nothing runs; a step that preempted every running request still swaps
+            self.runner.apply_block_ops(sched_out)
+            if (not sampled and self.scheduler.num_unfinished and not self.scheduler.running
+                    and not sched_out.preempted_ids):
+                raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
         outputs.extend(self._detokenize(sampled))
         return outputs
 
     def _finish_inflight(self) -> list[tuple]:
         """Step 1 of ``step()``: returns ``(parent, request, token_id, logprobs, status)`` per sampled token
-        and ``(parent, request, None, prompt_logprobs, None)`` per prompt-logprob chunk."""
+        (a prompt's parallel samples fork from it and sample in the same step) and
+        ``(parent, request, None, prompt_logprobs, None)`` per prompt-logprob chunk."""
         if self._inflight is None:
             return []
         sched_out, handle = self._inflight
@@ -215,21 +238,24 @@ class LLMEngine:
         result = []
         for item in sched_out.scheduled:
             req = item.request
-            token = next(sampled) if item.samples else None
+            tokens = [(sample, *next(sampled)) for sample in item.sampling_requests]
             parent = self._parents.get(req.parent_id)
-            if parent is None or req.is_finished:  # aborted, or ended by a stop string while in flight
+            if parent is None:  # aborted while in flight
                 continue
-            if req.request_id in runner_out.prompt_logprobs:
+            if req.request_id in runner_out.prompt_logprobs and not req.is_finished:
                 result.append((parent, req, None, runner_out.prompt_logprobs[req.request_id], None))
-            if req.num_output_tokens == 0 and req.num_computed_tokens - item.num_scheduled_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens
-            if token is None:
-                continue
-            self.generation_tokens_total += 1
-            status = append_sampled_token(req, token[0], self.max_model_len)
-            if status is not None:
-                self.scheduler.finish_request(req, status)
-            result.append((parent, req, token[0], token[1], status))
+            start = req.num_computed_tokens - item.num_scheduled_tokens
+            self.prompt_tokens_computed_total += max(0, min(req.num_computed_tokens, req.num_prompt_tokens) - start)
+            if item.samples and req.num_output_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
+            for sample, token_id, logprobs in tokens:
+                if sample.is_finished:  # ended by a stop string (or aborted) while in flight
+                    continue
+                self.generation_tokens_total += 1
+                status = append_sampled_token(sample, token_id, self.max_model_len)
+                if status is not None:
+                    self.scheduler.finish_request(sample, status)
+                result.append((parent, sample, token_id, logprobs, status))
         return result
 
     def _detokenize(self, sampled: list[tuple]) -> list[RequestOutput]:
@@ -280,13 +306,20 @@ class LLMEngine:
                 len(parent.prompt_logprobs) == len(parent.prompt_token_ids) or finished):
             prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, deltas, finished,
-                             prompt_logprobs=prompt_logprobs, metrics=metrics)
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=first.num_cached_tokens or 0,
+                             metrics=metrics)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager
         running = self.scheduler.running
-        return EngineStats(len(running), len(self.scheduler.waiting), kv.num_free_blocks,
+        return EngineStats(len(running), self.scheduler.num_waiting, kv.num_free_blocks,
                            kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
                            num_live_tokens=sum(r.num_computed_tokens for r in running),
-                           num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size)
+                           num_allocated_slots=sum(len(r.block_ids) for r in running) * kv.block_size,
+                           prefix_cache_queries_total=kv.prefix_cache_queries,
+                           prefix_cache_hits_total=kv.prefix_cache_hits,
+                           prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+                           num_swapped=kv.num_swapped, num_swapped_out_total=kv.num_swapped_out_total,
+                           num_cpu_blocks=kv.num_cpu_blocks, num_free_cpu_blocks=kv.num_free_cpu_blocks,
+                           cpu_kv_cache_usage=kv.cpu_usage)

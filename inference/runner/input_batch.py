@@ -23,7 +23,8 @@ class ModelInput:
     Attributes:
         input_ids, positions: ``[T]`` int64.
         meta: attention metadata.
-        logits_indices: ``[N]`` int64 rows whose hidden states are sampled (one per sampling request).
+        logits_indices: ``[N]`` int64 rows whose hidden states are sampled (one per sampling request;
+            parallel samples forking from one prompt repeat its row).
         prompt_logprob_rows: request_id -> (first row, prompt positions ``[k]`` scored from rows first..first+k-1).
     """
 
@@ -87,8 +88,7 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
             input_ids.extend(req.all_token_ids[ctx:ctx + n])
             blocks = np.asarray(req.block_ids, dtype=np.int64)
             block_of_token[start:start + n] = blocks[positions[start:start + n] // block_size]
-        if item.samples:
-            logits_rows.append(start + n - 1)
+        logits_rows.extend([start + n - 1] * len(item.sampling_requests))
         if req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == 0:
             scored = [p + 1 for p in range(ctx, ctx + n) if p + 1 < req.num_prompt_tokens]
             if scored:

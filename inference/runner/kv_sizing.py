@@ -50,6 +50,19 @@ def profile_activation_peak(model, config: EngineConfig, num_kv_heads: int, head
     return max(peak - scratch_bytes, 0)
 
 
+def num_swap_blocks(config: EngineConfig, block_bytes: int) -> int:
+    """Blocks of the CPU swap space: ``swap_space`` GiB over the bytes of one block.
+
+    Raises:
+        InvalidRequestError: ``swap_space`` holds less than one block (param ``swap_space``).
+    """
+    blocks = int(config.cache.swap_space * GiB // block_bytes)
+    if blocks < 1:
+        raise InvalidRequestError(f"swap_space={config.cache.swap_space} GiB holds no KV block of "
+                                  f"{block_bytes} bytes.", param="swap_space")
+    return blocks
+
+
 def num_kv_blocks(config: EngineConfig, model, weights_bytes: int, block_bytes: int, num_kv_heads: int,
                   head_dim: int) -> int:
     """The KV pool size in blocks.

@@ -13,8 +13,9 @@ from ..model_loader import iter_weights
 from ..models import build_model
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .cuda_graph import decode_split_plan, graph_batch_sizes
+from .block_ops import copy_blocks, swap_blocks
 from .input_batch import prepare_inputs
-from .kv_sizing import GiB, bytes_per_block, device_memory_check
+from .kv_sizing import GiB, bytes_per_block, device_memory_check, num_swap_blocks
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ class ModelRunner:
     """Loads the model, sizes and allocates the paged KV cache, and executes scheduled steps.
 
     KV cache: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
-    in the model dtype (index 0 = keys, 1 = values).
+    in the model dtype (index 0 = keys, 1 = values). With ``preemption_mode="swap"``, a CPU swap
+    space of the same layout with ``num_cpu_blocks`` blocks (pinned memory on CUDA).
     """
 
     def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None) -> None:
@@ -46,6 +48,12 @@ class ModelRunner:
             config, self.model, self.weights_bytes, self.bytes_per_block, self.num_kv_heads, self.head_dim)
         self.kv_caches = [self._zeros((2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim))
                           for _ in range(self.num_layers)]
+        self.num_cpu_blocks = 0
+        self.cpu_kv_caches: list[torch.Tensor] = []
+        if config.scheduler.preemption_mode == "swap":
+            self.num_cpu_blocks = num_swap_blocks(config, self.bytes_per_block)
+            self.cpu_kv_caches = [self._zeros((2, self.num_cpu_blocks, self.block_size, self.num_kv_heads,
+                                               self.head_dim), cpu=True) for _ in range(self.num_layers)]
         self.sampler = Sampler()
         self.attention_backend = resolve_backend(config.attention_backend, self.device)
         self.graph_runner = None
@@ -59,9 +67,12 @@ class ModelRunner:
             self.graph_runner.capture()
         self._log_memory()
 
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """A zeroed KV tensor. On CPU it comes from calloc (numpy), whose large allocations are
-        zero pages mapped lazily, so a multi-GiB pool costs nothing until blocks are written."""
+    def _zeros(self, shape: tuple[int, ...], cpu: bool = False) -> torch.Tensor:
+        """A zeroed KV tensor on the device (or on the CPU, pinned when the device is CUDA). On CPU
+        it comes from calloc (numpy), whose large allocations are zero pages mapped lazily, so a
+        multi-GiB pool costs nothing until blocks are written."""
+        if cpu and self.device != "cpu":
+            return torch.zeros(shape, dtype=self.config.dtype, pin_memory=True)
         if self.device != "cpu" or self.config.dtype == torch.bfloat16:
             return torch.zeros(shape, dtype=self.config.dtype, device=self.device)
         np_dtype = {torch.float32: np.float32, torch.float16: np.float16}[self.config.dtype]
@@ -75,6 +86,9 @@ class ModelRunner:
                     "maximum concurrency at max_model_len=%d: %.2fx",
                     self.weights_bytes / GiB, kv_bytes / GiB, self.num_blocks, self.block_size,
                     max_len, concurrency)
+        if self.num_cpu_blocks:
+            logger.info("CPU swap space %.2f GiB = %d blocks", self.num_cpu_blocks * self.bytes_per_block / GiB,
+                        self.num_cpu_blocks)
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its sampled tokens (``execute_async(...).result()``)."""
@@ -90,8 +104,9 @@ class ModelRunner:
         """
         # Every host-to-device copy of the step happens before its first kernel: a copy from pageable
         # memory waits for the stream, so one issued after the forward would wait for the forward.
+        self.apply_block_ops(sched_out)
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
-        sampling = [s.request for s in sched_out.scheduled if s.samples]
+        sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
         sampling_meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device) if sampling else None
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
@@ -107,6 +122,15 @@ class ModelRunner:
             sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
+
+    def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
+        """Swap out, copy on write, swap in (in that order: each reads blocks a later one may write)."""
+        if sched_out.blocks_to_swap_out:
+            swap_blocks(self.kv_caches, self.cpu_kv_caches, sched_out.blocks_to_swap_out)
+        if sched_out.blocks_to_copy:
+            copy_blocks(self.kv_caches, sched_out.blocks_to_copy, self.device)
+        if sched_out.blocks_to_swap_in:
+            swap_blocks(self.cpu_kv_caches, self.kv_caches, sched_out.blocks_to_swap_in)
 
     def _prompt_logprobs(self, sched_out, inputs, hidden) -> dict:
         result = {}

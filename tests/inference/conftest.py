@@ -74,14 +74,15 @@ TINY_CONFIGS = {
 }
 
 
-def make_tiny_model(kind: str, folder: Path, tokenizer) -> Path:
+def make_tiny_model(kind: str, folder: Path, tokenizer, max_position_embeddings: int = 512) -> Path:
     """Save a tiny random-weight model of the given kind, with SmolLM2's tokenizer, in HF format."""
     from transformers import AutoConfig, AutoModelForCausalLM
     spec = dict(TINY_CONFIGS[kind])
     arch, model_type = spec.pop("arch"), spec.pop("model_type")
     config = AutoConfig.for_model(
         model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
         architectures=[arch], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

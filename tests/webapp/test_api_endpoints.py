@@ -59,7 +59,8 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
                  "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
-                 "vllm:request_time_per_output_token_seconds_bucket"):
+                 "vllm:request_time_per_output_token_seconds_bucket", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
     assert _value(text, ttft) == _value(before, ttft) + 1
     assert _value(text, itl) == _value(before, itl) + 2  # 3 tokens: 2 gaps

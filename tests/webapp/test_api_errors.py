@@ -81,10 +81,13 @@ def test_unknown_url_and_wrong_method(stack):
     _error(http("GET", stack.base_url + "/v1/chat/completions"), 405)
 
 
-def test_not_supported_yet_features_are_refused(stack):
+def test_priority_needs_the_priority_policy(stack):
     error = _error(http("POST", stack.base_url + "/v1/chat/completions",
                         {"model": MODEL, "messages": CHAT, "priority": 5}), 400)
-    assert error["param"] == "priority" and "not supported yet" in error["message"]
+    assert error["param"] == "priority" and "--scheduling-policy priority" in error["message"]
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions",
+                        {"model": MODEL, "messages": CHAT, "priority": "high"}), 400)
+    assert error["param"] == "priority"
 
 
 @pytest.fixture(scope="module")

@@ -90,8 +90,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         log.close()
 
 
-@pytest.mark.parametrize("flag", [["--tensor-parallel-size", "2"], ["--quantization", "awq"],
-                                  ["--swap-space", "4"]])
+@pytest.mark.parametrize("flag", [["--tensor-parallel-size", "2"], ["--quantization", "awq"]])
 def test_flags_of_later_features_say_not_supported_yet(tmp_path, flag):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
     done = subprocess.run([sys.executable, launcher.MANAGE, "serve", *flag], env=env, capture_output=True,

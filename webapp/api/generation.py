@@ -18,6 +18,7 @@ from inference.errors import InvalidRequestError
 from inference.validation import validate_prompt
 from tenants.metering import Meter, error_kind
 
+from webapp.env import ENV
 from webapp.serving.client import EngineRequestSpec, GenerationStream, WorkerLost, model_workers
 
 from . import formatting
@@ -97,7 +98,8 @@ class Generation:
             except InvalidRequestError as error:
                 raise APIError.from_engine(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
-            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug))
+            specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug,
+                                           self.options.priority, self._cache_salt))
         if self.meter is not None:
             await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts))
         self.stream = GenerationStream(self.model, specs)
@@ -222,6 +224,14 @@ class Generation:
     @property
     def _tenant_slug(self) -> str | None:
         return self.meter.caller.tenant.slug if self.meter is not None else None
+
+    @property
+    def _cache_salt(self) -> str | None:
+        """Each tenant's prompts are cached under its own salt, so that no tenant can hit (or time)
+        another's cached prefixes; ``TESSERA_SHARE_PREFIX_CACHE=1`` shares them (trusted deployments)."""
+        if ENV.share_prefix_cache or self._tenant_slug is None:
+            return None
+        return f"tenant:{self._tenant_slug}"
 
     def _end(self, error: str | None) -> None:
         """Account the call with its tenant: the prompts that ran and the tokens generated."""

@@ -95,6 +95,8 @@ class GenerationOptions:
         include_usage: add a final usage chunk to the stream.
         sampling: keyword arguments of ``SamplingParams`` (``max_tokens`` None = fill the context).
         echo: completions only: prepend the prompt to the output.
+        priority: vLLM's scheduling priority (lower runs earlier); the engine refuses values other
+            than 0 unless it runs the ``priority`` scheduling policy.
     """
 
     model: str
@@ -102,6 +104,7 @@ class GenerationOptions:
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
+    priority: int = 0
     # engine parameter name -> the body field the client sent it as (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
 
@@ -140,10 +143,6 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if chat and body.get("max_completion_tokens", int, None) is not None:
         max_tokens = body.get("max_completion_tokens", int, None)
         field_names["max_tokens"] = "max_completion_tokens"
-    priority = body.get("priority", int, 0)
-    if priority != 0:
-        raise bad_request("'priority' other than 0 needs priority scheduling, which is not supported yet.",
-                          param="priority")
     for name in ("tools", "functions"):
         if body.get(name, list, None):
             raise bad_request(f"'{name}' (tool calling) is not supported yet.", param=name)
@@ -177,7 +176,7 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if best_of is not None and best_of != sampling["n"]:
         raise bad_request("'best_of' different from 'n' is not supported.", param="best_of")
     return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
-                             sampling=sampling, field_names=field_names)
+                             sampling=sampling, priority=body.get("priority", int, 0), field_names=field_names)
 
 
 def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dict[str, Any]]:

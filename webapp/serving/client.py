@@ -53,6 +53,8 @@ class EngineRequestSpec:
     prompt_token_ids: list[int]
     params: dict[str, Any]
     tenant: str | None = None  # the tenant's slug: its GPU share in the engine's scheduler
+    priority: int = 0
+    cache_salt: str | None = None  # prefix-cache key, e.g. per tenant
 
 
 class GenerationStream:
@@ -84,7 +86,8 @@ class GenerationStream:
         self.reply = await self.layer.new_channel("tessera.reply")
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
-                     "params": r.params, "arrival": now, "tenant": r.tenant} for r in self.requests]
+                     "params": r.params, "arrival": now, "tenant": r.tenant, "priority": r.priority,
+                     "cache_salt": r.cache_salt} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
 
     async def __aiter__(self) -> AsyncIterator[Message]:

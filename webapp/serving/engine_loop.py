@@ -33,6 +33,8 @@ class EngineRequest:
         params: validated sampling parameters.
         arrival_time: ``time.monotonic`` seconds at which the web process received it.
         tenant_id: the tenant's slug (its GPU share in the scheduler), or None.
+        priority: scheduling priority (lower runs earlier; the ``priority`` policy only).
+        cache_salt: prefix-cache key (one per tenant), None to share with every unsalted request.
     """
 
     request_id: str
@@ -40,6 +42,8 @@ class EngineRequest:
     params: SamplingParams
     arrival_time: float
     tenant_id: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 class EngineLoop(threading.Thread):
@@ -176,7 +180,8 @@ class EngineLoop(threading.Thread):
             return
         try:
             self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                    arrival_time=request.arrival_time, tenant_id=request.tenant_id)
+                                    arrival_time=request.arrival_time, priority=request.priority,
+                                    cache_salt=request.cache_salt, tenant_id=request.tenant_id)
         except (InvalidRequestError, NotSupportedYetError) as error:
             self._slots.release()
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))

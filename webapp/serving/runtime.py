@@ -79,7 +79,8 @@ class WorkerRuntime:
         """Hand one request from a Celery task to the engine; returns once the engine has it.
 
         ``payload``: ``rid``, ``reply`` (channel), ``prompt_token_ids``, ``params``
-        (SamplingParams keyword arguments), ``arrival`` (``time.time()`` at the web process).
+        (SamplingParams keyword arguments), ``priority`` (int, optional), ``cache_salt`` (str,
+        optional), ``arrival`` (``time.time()`` at the web process).
 
         Raises:
             WorkerShuttingDown: the worker is stopping before the request got a slot.
@@ -103,7 +104,9 @@ class WorkerRuntime:
             return
         arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
         self.io.add_route(rid, payload["reply"])
-        self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant")))
+        self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant"),
+                                       priority=int(payload.get("priority", 0)),
+                                       cache_salt=payload.get("cache_salt")))
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""

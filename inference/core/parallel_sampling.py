@@ -1,0 +1,47 @@
+"""Parallel sampling (``n > 1``): one prefill for the prompt, then ``n`` samples sharing its blocks.
+
+The first sample (the *leader*) computes the prompt; the others (*followers*) wait here. In the
+step where the leader samples its first token, each follower samples its own first token from the
+same logits row, and after the step it takes the leader's block table by reference (the KV
+manager adds a holder to each block). The partly filled last block is copied on write by the
+first sample that appends to it while others still hold it. So the prompt's KV is held once,
+whatever ``n`` is (vLLM v0's sequence-group fork).
+"""
+from __future__ import annotations
+
+from ..request import Request
+
+
+class ParallelSampling:
+    """Followers waiting for their leader's prefill, keyed by the leader's request id."""
+
+    def __init__(self) -> None:
+        self._followers: dict[str, list[Request]] = {}
+
+    def hold(self, leader: Request, followers: list[Request]) -> None:
+        if followers:
+            self._followers[leader.request_id] = list(followers)
+
+    def forks_of(self, request: Request, samples: bool) -> list[Request]:
+        """The followers that sample with ``request`` in this step: all of its waiting followers
+        when this step gives the leader its first token, else none."""
+        if not samples or request.num_output_tokens:
+            return []
+        return self._followers.get(request.request_id, [])
+
+    def release(self, leader: Request) -> list[Request]:
+        """Take the followers of a leader that just forked."""
+        return self._followers.pop(leader.request_id, [])
+
+    def discard(self, request: Request) -> bool:
+        """Forget a request that finished (aborted) while waiting here; True if it was here."""
+        if self._followers.pop(request.request_id, None) is not None:
+            return False  # a leader: its followers are finished by the caller too
+        for followers in self._followers.values():
+            if request in followers:
+                followers.remove(request)
+                return True
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(f) for f in self._followers.values())
