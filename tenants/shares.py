@@ -12,7 +12,7 @@ import logging
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from webapp.serving.tenant_shares import SHARES_KEY, VERSION_KEY, encode_share
 
@@ -32,10 +32,14 @@ def use_redis(url: str) -> None:
 
 def publish(client: redis.Redis | None = None) -> bool:
     """Write the active tenants' shares to Redis and bump the version; False when Redis is unreachable
-    (logged; the next change or web start publishes again)."""
+    or the database is not migrated (logged; the next change or web start publishes again)."""
     url = _redis_url or settings.CELERY_BROKER_URL
     client = client or redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
-    rows = Tenant.objects.filter(active=True).values_list("slug", "gpu_share", "priority")
+    try:
+        rows = list(Tenant.objects.filter(active=True).values_list("slug", "gpu_share", "priority"))
+    except DatabaseError as error:
+        logger.warning("could not read the tenants to publish their shares: %s", error)
+        return False
     mapping = {slug: encode_share(share, priority) for slug, share, priority in rows}
     try:
         with client.pipeline(transaction=True) as pipe:

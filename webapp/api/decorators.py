@@ -32,11 +32,12 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
         @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            meter = None
             try:
                 if request.method not in methods:
                     raise APIError(f"Method {request.method} is not allowed; use {' or '.join(methods)}.", 405,
                                    code="method_not_allowed")
-                caller = meter = None
+                caller = None
                 if authenticate:
                     caller = await identify(request.headers.get("Authorization", ""),
                                             request.headers.get("X-Tenant-ID"))
