@@ -57,10 +57,15 @@ class Generation:
     """
 
     def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt]) -> None:
+        """Raises:
+            APIError: 400 naming a sampling parameter out of range (before any per-choice
+                state is built, so a huge ``n`` costs nothing).
+        """
         self.chat = chat
         self.model = model
         self.options = options
         self.prompts = prompts
+        self.base_params = options.sampling_params()  # validates every field once
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.n = options.sampling["n"]
@@ -82,11 +87,10 @@ class Generation:
         if not workers:
             raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
         max_model_len = min(int(w["max_model_len"]) for w in workers)
-        base = self.options.sampling_params()  # validates every field once
         specs = []
         for p, prompt in enumerate(self.prompts):
             try:
-                max_tokens = validate_prompt(prompt.token_ids, base, max_model_len)
+                max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
             except InvalidRequestError as error:
                 raise APIError.from_engine(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
