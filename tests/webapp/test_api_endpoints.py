@@ -4,13 +4,26 @@ from __future__ import annotations
 import json
 import time
 
-from tests.webapp.serving_stack import MODEL, http
+from tests.webapp.serving_stack import MODEL, Stack, http
 
 
 def test_health_and_version(stack):
-    assert http("GET", stack.base_url + "/health")[0] == 200
+    status, headers, body = http("GET", stack.base_url + "/health")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"status": "ok", "num_workers": 1}
     status, _, body = http("GET", stack.base_url + "/version")
     assert status == 200 and json.loads(body)["version"]
+
+
+def test_health_without_worker_is_503_in_the_error_envelope(tmp_path):
+    web_only = Stack(tmp_path, num_workers=0)  # its own Redis: no worker anywhere
+    try:
+        status, headers, body = http("GET", web_only.base_url + "/health")
+    finally:
+        web_only.stop()
+    assert status == 503 and headers["Content-Type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == "service_unavailable" and "No engine worker" in error["message"]
 
 
 def test_tokenize_detokenize_roundtrip(stack):

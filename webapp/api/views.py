@@ -132,11 +132,16 @@ async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
 
 @api_view("GET", authenticate=False)
 async def health(request: HttpRequest, tenant) -> HttpResponse:
-    """GET /health: 200 when at least one engine worker is live, else 503."""
+    """GET /health: 200 ``{"status": "ok", "num_workers": N}`` when at least one engine worker
+    is live, else 503 in OpenAI's error envelope.
+
+    vLLM answers 200 with an empty body; probes read only the status, so they work unchanged,
+    while a person or a script gets JSON like every other endpoint (not an empty text/html).
+    """
     workers = [w for w in await live_workers(get_redis()) if w.get("live")]
     if not workers:
         raise unavailable("No engine worker is live.")
-    return HttpResponse(status=200)
+    return JsonResponse({"status": "ok", "num_workers": len(workers)})
 
 
 @api_view("GET", authenticate=False)
