@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.webapp.serving_stack import MODEL, Stack, http
+from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text
 
 
 def test_health_and_version(stack):
@@ -47,24 +47,14 @@ def test_detokenize_rejects_bad_ids(stack):
     assert status == 400 and json.loads(body)["error"]["param"] == "tokens"
 
 
-def _metrics(stack) -> str:
-    status, headers, body = http("GET", stack.base_url + "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    return body.decode()
-
-
-def _value(text: str, prefix: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
-
-
 def test_metrics_use_vllm_names(stack):
     success, ttft, itl = ('vllm:request_success_total{finished_reason="length"',
                           "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count")
     time.sleep(1.2)  # earlier tests' requests reach the heartbeat first (published every 0.5 s)
-    before = _metrics(stack)
+    before = metrics_text(stack.base_url)
     stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
     deadline = time.monotonic() + 3  # workers publish every heartbeat (0.5 s)
-    while _value(text := _metrics(stack), success) < _value(before, success) + 1:
+    while metric_value(text := metrics_text(stack.base_url), success) < metric_value(before, success) + 1:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     lines = text.splitlines()
@@ -74,9 +64,9 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:request_time_per_output_token_seconds_bucket"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
-    assert _value(text, ttft) == _value(before, ttft) + 1
-    assert _value(text, itl) == _value(before, itl) + 2  # 3 tokens: 2 gaps
-    assert _value(text, "vllm:generation_tokens_total") >= _value(before, "vllm:generation_tokens_total") + 3
+    assert metric_value(text, ttft) == metric_value(before, ttft) + 1
+    assert metric_value(text, itl) == metric_value(before, itl) + 2  # 3 tokens: 2 gaps
+    assert metric_value(text, "vllm:generation_tokens_total") >= metric_value(before, "vllm:generation_tokens_total") + 3
 
 
 def test_index_page(stack):

@@ -13,7 +13,7 @@ from django.shortcuts import render
 
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
-from webapp.serving.registry import live_workers
+from webapp.serving.registry import live_workers, model_totals
 from webapp.version import __version__
 
 from .decorators import api_view
@@ -153,8 +153,10 @@ async def version(request: HttpRequest, tenant) -> HttpResponse:
 @api_view("GET", authenticate=False)
 async def metrics(request: HttpRequest, tenant) -> HttpResponse:
     """GET /metrics: Prometheus text format, labelled by ``model_name``."""
-    workers = await live_workers(get_redis())
-    body = prometheus.render(workers, [s.name for s in served_models()])
+    redis = get_redis()
+    workers = await live_workers(redis)
+    models = sorted({s.name for s in served_models()} | {w["model"] for w in workers})
+    body = prometheus.render(workers, await model_totals(redis, models))
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
