@@ -114,9 +114,6 @@ class Generation:
         except WorkerLost as error:
             await asyncio.shield(self.stream.abort())
             raise unavailable(str(error)) from None
-        except BaseException:
-            await asyncio.shield(self.stream.abort())
-            raise
         choices = [self._full_choice(c) for c in self.choices.values()]
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self._usage()}
@@ -137,7 +134,8 @@ class Generation:
         """Server-sent events: chunks, an optional usage chunk, then ``[DONE]``.
 
         A worker error or a lost worker becomes an ``{"error": ...}`` event. If the client
-        disconnects (the task is cancelled), the engine requests are aborted.
+        disconnects (Django cancels the task), the engine requests are aborted (see
+        :meth:`GenerationStream.start`).
         """
         try:
             if self.chat:
@@ -162,9 +160,6 @@ class Generation:
                                           "model": self.model, "choices": [], "usage": self._usage()})
         except (WorkerLost, RedisError) as error:
             yield formatting.sse(unavailable(str(error)).body())
-        except BaseException:  # client gone (CancelledError) or a bug: free the engine
-            await asyncio.shield(self.stream.abort())
-            raise
         yield formatting.sse("[DONE]")
 
     @property

@@ -79,12 +79,27 @@ class GenerationStream:
         return not self._unfinished
 
     async def start(self) -> None:
-        """Put every engine request on the model's Celery queue."""
+        """Put every engine request on the model's Celery queue.
+
+        The stream belongs to the task that starts it (the one serving the HTTP request):
+        when that task ends with engine requests unfinished, however it ends (the client
+        left and Django cancelled it, even in the middle of this call, before any chunk;
+        the server stopped; an error), they are aborted.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(self._abort_unfinished)
         self.reply = await self.layer.new_channel("tessera.reply")
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
+
+    def _abort_unfinished(self, _task: asyncio.Task) -> None:
+        if self._unfinished:
+            abort = asyncio.ensure_future(self.abort())
+            _aborts_in_flight.add(abort)  # keep a reference until it is done
+            abort.add_done_callback(_aborts_in_flight.discard)
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -144,20 +159,25 @@ class GenerationStream:
             self._receive = None
         if not self._unfinished:
             return
+        rids = sorted(self._unfinished)
+        self._unfinished.clear()
         redis = get_redis()
+        pipe = redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.set(registry.claim_key(rid), registry.ABORTED, nx=True, ex=registry.CLAIM_TTL)
+        claimed = [rid for rid, marked in zip(rids, await pipe.execute()) if not marked]
         by_worker: dict[str, list[str]] = {}
-        for rid in sorted(self._unfinished):
-            key = registry.claim_key(rid)
-            if await redis.set(key, registry.ABORTED, nx=True, ex=registry.CLAIM_TTL):
-                continue
-            owner = await redis.get(key)
-            if owner and owner.decode() != registry.ABORTED:
-                by_worker.setdefault(owner.decode(), []).append(rid)
-        for worker_id, rids in by_worker.items():
+        if claimed:
+            for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
+                if owner and owner.decode() != registry.ABORTED:
+                    by_worker.setdefault(owner.decode(), []).append(rid)
+        for worker_id, owned in by_worker.items():
             info = await registry.worker_info(redis, worker_id)
             if info and info.get("control"):
-                await self.layer.send(info["control"], {"type": "abort", "rids": rids})
-        self._unfinished.clear()
+                await self.layer.send(info["control"], {"type": "abort", "rids": owned})
+
+
+_aborts_in_flight: set[asyncio.Future] = set()
 
 
 def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
