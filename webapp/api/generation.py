@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from inference.errors import InvalidRequestError
 from inference.validation import validate_prompt
 
-from webapp.serving.client import EngineRequestSpec, GenerationStream, WorkerLost, model_workers
+from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
 
 from . import formatting
 from .errors import APIError, unavailable
@@ -103,7 +103,7 @@ class Generation:
         """Wait for every choice and return the response object (usage included).
 
         Raises:
-            APIError: the worker's error (400), or 503 when the worker was lost.
+            APIError: the worker's error (400), or 503 when the worker was lost or the server stops.
         """
         try:
             async for message in self.stream:
@@ -111,7 +111,7 @@ class Generation:
                     raise APIError(message["message"], message["status"], param=message.get("param"))
                 for _ in self._apply(message):
                     pass
-        except WorkerLost as error:
+        except (WorkerLost, ServerStopping) as error:
             await asyncio.shield(self.stream.abort())
             raise unavailable(str(error)) from None
         choices = [self._full_choice(c) for c in self.choices.values()]
@@ -133,9 +133,9 @@ class Generation:
     async def events(self) -> AsyncIterator[bytes]:
         """Server-sent events: chunks, an optional usage chunk, then ``[DONE]``.
 
-        A worker error or a lost worker becomes an ``{"error": ...}`` event. If the client
-        disconnects (Django cancels the task), the engine requests are aborted (see
-        :meth:`GenerationStream.start`).
+        A worker error, a lost worker or the server shutting down becomes an ``{"error": ...}``
+        event (followed by ``[DONE]`` as always). If the client disconnects (Django cancels
+        the task), the engine requests are aborted (see :meth:`GenerationStream.start`).
         """
         try:
             if self.chat:
@@ -158,7 +158,9 @@ class Generation:
                 if self.options.include_usage:
                     yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
                                           "model": self.model, "choices": [], "usage": self._usage()})
-        except (WorkerLost, RedisError) as error:
+        except (WorkerLost, ServerStopping, RedisError) as error:
+            if isinstance(error, ServerStopping):  # abort now: the event loop ends soon after
+                await asyncio.shield(self.stream.abort())
             yield formatting.sse(unavailable(str(error)).body())
         yield formatting.sse("[DONE]")
 

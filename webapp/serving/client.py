@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -45,6 +46,15 @@ class WorkerLost(Exception):
     """The worker serving a request died or left, or no worker of the model is live."""
 
 
+class ServerStopping(Exception):
+    """The web server is shutting down and stops serving this request."""
+
+
+request_stopped: ContextVar[asyncio.Future | None] = ContextVar("tessera_request_stopped", default=None)
+"""Per HTTP request, set by the ASGI handler (:class:`webapp.handlers.APIHandler`): a future
+that is done once the server stops serving the request (at shutdown)."""
+
+
 @dataclass(frozen=True)
 class EngineRequestSpec:
     """One engine request of an HTTP request (a completions call with several prompts has several)."""
@@ -73,6 +83,7 @@ class GenerationStream:
         self._pending: collections.deque[Message] = collections.deque()  # unpacked, not yet handled
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
+        self._stopped = request_stopped.get()
 
     @property
     def finished(self) -> bool:
@@ -125,8 +136,11 @@ class GenerationStream:
     async def _receive_one(self) -> Message:
         if self._receive is None:
             self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
+        waits = {self._receive} if self._stopped is None else {self._receive, self._stopped}
         while True:
-            done, _ = await asyncio.wait({self._receive}, timeout=SILENCE_CHECK)
+            done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK)
+            if self._stopped in done:
+                raise ServerStopping("The server is shutting down; retry the request.")
             if done:
                 receive, self._receive = self._receive, None
                 return receive.result()
