@@ -138,7 +138,7 @@ class GenerationStream:
             self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
         waits = {self._receive} if self._stopped is None else {self._receive, self._stopped}
         while True:
-            done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK)
+            done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK, return_when=asyncio.FIRST_COMPLETED)
             if self._stopped in done:
                 raise ServerStopping("The server is shutting down; retry the request.")
             if done:
