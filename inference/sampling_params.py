@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from .errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_N = 128  # samples per request; OpenAI's documented limit for ``n``
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
@@ -15,7 +16,7 @@ class SamplingParams:
     """How to sample the output tokens of one request.
 
     Args:
-        n: number of independent samples (>= 1).
+        n: number of independent samples, 1..``MAX_N`` (128, OpenAI's limit).
         temperature: softmax temperature (>= 0); 0 means greedy.
         top_p: nucleus probability mass, in (0, 1].
         top_k: keep the k most likely tokens; -1 (or 0) keeps all.
@@ -85,8 +86,8 @@ class SamplingParams:
         def bad(param: str, limit: str, value: object) -> None:
             raise InvalidRequestError(f"{param} must be {limit}, got {value!r}.", param=param)
 
-        if not isinstance(self.n, int) or self.n < 1:
-            bad("n", "at least 1", self.n)
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            bad("n", f"between 1 and {MAX_N}", self.n)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):

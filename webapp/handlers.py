@@ -19,8 +19,16 @@ to 2.0 ms, and through Daphne (curl) from about 6 ms to about 4 ms.
 
 Only ``/admin/``, the tenant pages (``/tenants/``) and ``/static/`` go through Django's stock handler
 with ``settings.MIDDLEWARE``.
+
+At shutdown Daphne cancels every application instance. Django's handler would leave its
+request task behind and the client's stream would be cut mid-way; the API handler instead
+tells the request (:data:`webapp.serving.client.request_stopped`) and gives it
+``STOP_GRACE`` seconds to abort its engine requests and end its stream with an error event
+and ``[DONE]`` (a non-streamed answer: a 503).
 """
 from __future__ import annotations
+
+import asyncio
 
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -29,14 +37,34 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import close_old_connections, reset_queries
 
+from webapp.serving.client import request_stopped
+
 ADMIN_PREFIXES = ("/admin/", "/tenants/", "/" + settings.STATIC_URL.lstrip("/"))
+STOP_GRACE = 3.0  # seconds a request has to end cleanly once the server stops
+FLUSH_DELAY = 0.05  # seconds for the server to write what the request sent last
 
 
 class APIHandler(ASGIHandler):
-    """Django's ASGI handler with ``settings.API_MIDDLEWARE`` and no per-request thread."""
+    """Django's ASGI handler with ``settings.API_MIDDLEWARE``, no per-request thread, and a
+    clean end for requests in flight when the server stops."""
 
     async def __call__(self, scope, receive, send) -> None:
-        await self.handle(scope, receive, send)
+        stopped = asyncio.get_running_loop().create_future()
+        token = request_stopped.set(stopped)
+        try:
+            handling = asyncio.ensure_future(self.handle(scope, receive, send))  # inherits `stopped`
+        finally:
+            request_stopped.reset(token)
+        try:
+            await asyncio.shield(handling)
+        except asyncio.CancelledError:  # the server stops
+            stopped.set_result(None)
+            done, _ = await asyncio.wait({handling}, timeout=STOP_GRACE)
+            if done:
+                await asyncio.sleep(FLUSH_DELAY)
+            else:
+                handling.cancel()
+            raise
 
     def load_middleware(self, is_async: bool = False) -> None:
         full = settings.MIDDLEWARE

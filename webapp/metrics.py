@@ -1,9 +1,11 @@
-"""``GET /metrics``: vLLM's metric names, aggregated per model over the live workers.
+"""``GET /metrics``: vLLM's metric names, per model.
 
-Workers publish engine stats and request histograms with every heartbeat
-(:mod:`webapp.serving.worker_metrics`); this module sums them per ``model_name`` and
-renders Prometheus' text format with ``prometheus_client``. Counters of a worker that
-stopped leave the sums, which Prometheus treats as a counter reset.
+Gauges (running and waiting requests, KV-cache usage) are summed over the live workers'
+heartbeats. Counters and histograms come from the model's totals in Redis, to which every
+worker adds its increments (:mod:`webapp.serving.worker_metrics`): they cover all workers past
+and present, so a worker that stops or restarts never makes them go backwards. Each carries
+``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
+reads as a counter reset). Rendered with ``prometheus_client``.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS, SUCCESS_PREFIX
 
 HISTOGRAMS = {
     "time_to_first_token_seconds": "Histogram of time to first token in seconds.",
@@ -24,7 +28,7 @@ GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
     "vllm:num_requests_swapped": ("num_swapped", "Number of requests swapped to CPU."),
 }
-COUNTERS = {
+COUNTERS = {  # metric -> (totals field, help)
     "vllm:prompt_tokens": ("prompt_tokens_total", "Number of prefill tokens processed."),
     "vllm:generation_tokens": ("generation_tokens_total", "Number of generation tokens processed."),
     "vllm:num_preemptions": ("num_preemptions_total", "Cumulative number of preemptions from the engine."),
@@ -36,14 +40,17 @@ COUNTERS = {
 
 
 class WorkersCollector:
-    """A one-shot prometheus_client collector over worker heartbeat dicts."""
+    """A one-shot prometheus_client collector over worker heartbeats (gauges) and the models'
+    totals (counters, histograms)."""
 
-    def __init__(self, workers: list[dict[str, Any]], models: Iterable[str]) -> None:
+    def __init__(self, workers: list[dict[str, Any]], totals: dict[str, dict[str, float]]) -> None:
         self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for model in models:
+        self.totals = {model: dict(values) for model, values in totals.items()}
+        for model in totals:
             self.by_model[model]
         for worker in workers:
             self.by_model[worker["model"]].append(worker)
+            self.totals.setdefault(worker["model"], {})
 
     def collect(self):
         live = GaugeMetricFamily("tessera:num_workers", "Number of live engine workers.", labels=["model_name"])
@@ -60,18 +67,15 @@ class WorkersCollector:
                           _usage("num_cpu_blocks", "num_free_cpu_blocks"))
         for name, (field, doc) in COUNTERS.items():
             family = CounterMetricFamily(name, doc, labels=["model_name"])
-            for model, workers in self.by_model.items():
-                family.add_metric([model], sum(w["stats"].get(field, 0) for w in workers))
+            for model, values in self.totals.items():
+                family.add_metric([model], values.get(field, 0.0), created=values.get("created"))
             yield family
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=["model_name", "finished_reason"])
-        for model, workers in self.by_model.items():
-            reasons: dict[str, int] = defaultdict(int)
-            for w in workers:
-                for reason, count in w.get("metrics", {}).get("request_success", {}).items():
-                    reasons[reason] += count
+        for model, values in self.totals.items():
+            reasons = {k[len(SUCCESS_PREFIX):]: v for k, v in values.items() if k.startswith(SUCCESS_PREFIX)}
             for reason in ("stop", "length", "abort", *sorted(set(reasons) - {"stop", "length", "abort"})):
-                success.add_metric([model, reason], reasons.get(reason, 0))
+                success.add_metric([model, reason], reasons.get(reason, 0.0), created=values.get("created"))
         yield success
         for short, doc in HISTOGRAMS.items():
             yield self._histogram("vllm:" + short, doc, short)
@@ -84,18 +88,15 @@ class WorkersCollector:
 
     def _histogram(self, name: str, doc: str, short: str) -> HistogramMetricFamily:
         family = HistogramMetricFamily(name, doc, labels=["model_name"])
-        for model, workers in self.by_model.items():
-            snapshots = [w.get("metrics", {}).get("histograms", {}).get(short) for w in workers]
-            snapshots = [s for s in snapshots if s]
-            if not snapshots:
-                continue
-            bounds = snapshots[0]["bounds"]
-            counts = [sum(s["counts"][i] for s in snapshots) for i in range(len(bounds) + 1)]
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(_le, bounds), "+Inf"], counts):
-                cumulative += count
+        bounds = HISTOGRAM_BOUNDS[short]
+        for model, values in self.totals.items():
+            cumulative, buckets = 0.0, []
+            for i, bound in enumerate([*map(_le, bounds), "+Inf"]):
+                cumulative += values.get(f"{short}:bucket:{i}", 0.0)
                 buckets.append((bound, cumulative))
-            family.add_metric([model], buckets, sum_value=sum(s["sum"] for s in snapshots))
+            family.add_metric([model], buckets, sum_value=values.get(f"{short}:sum", 0.0))
+            if "created" in values:
+                family.add_sample(name + "_created", {"model_name": model}, values["created"])
         return family
 
 
@@ -112,8 +113,14 @@ def _usage(total_field: str, free_field: str):
     return usage
 
 
-def render(workers: list[dict[str, Any]], models: Iterable[str]) -> bytes:
-    """Prometheus text exposition of the workers' metrics, labelled by ``model_name``."""
+def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]]) -> bytes:
+    """Prometheus text exposition, labelled by ``model_name``.
+
+    Args:
+        workers: the live workers' heartbeat dicts (gauges).
+        totals: ``model -> {field: value}`` from :func:`webapp.serving.registry.model_totals`
+            for every served model (counters and histograms).
+    """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkersCollector(workers, models))
+    registry.register(WorkersCollector(workers, totals))
     return generate_latest(registry)

@@ -20,7 +20,8 @@ def engine():
     (lambda: SamplingParams(temperature=-0.1), "temperature", "non-negative"),
     (lambda: SamplingParams(top_p=0.0), "top_p", "(0, 1]"),
     (lambda: SamplingParams(top_p=1.5), "top_p", "(0, 1]"),
-    (lambda: SamplingParams(n=0), "n", "at least 1"),
+    (lambda: SamplingParams(n=0), "n", "between 1 and 128"),
+    (lambda: SamplingParams(n=129), "n", "between 1 and 128"),
     (lambda: SamplingParams(logprobs=21), "logprobs", "20"),
     (lambda: SamplingParams(prompt_logprobs=50), "prompt_logprobs", "20"),
 ])

@@ -106,3 +106,15 @@ def http(method: str, url: str, body: bytes | dict | None = None, headers: dict 
 def sse_events(raw: bytes) -> list[str]:
     """The ``data:`` payloads of a server-sent event stream, in order."""
     return [line[6:] for line in raw.decode("utf-8").split("\n") if line.startswith("data: ")]
+
+
+def metrics_text(base_url: str) -> str:
+    """The body of ``GET /metrics`` (checked to be Prometheus text)."""
+    status, headers, body = http("GET", base_url + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    return body.decode()
+
+
+def metric_value(text: str, prefix: str) -> float:
+    """The sum of the samples whose line starts with ``prefix`` (0 when there is none)."""
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))

@@ -4,13 +4,26 @@ from __future__ import annotations
 import json
 import time
 
-from tests.webapp.serving_stack import MODEL, http
+from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text
 
 
 def test_health_and_version(stack):
-    assert http("GET", stack.base_url + "/health")[0] == 200
+    status, headers, body = http("GET", stack.base_url + "/health")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"status": "ok", "num_workers": 1}
     status, _, body = http("GET", stack.base_url + "/version")
     assert status == 200 and json.loads(body)["version"]
+
+
+def test_health_without_worker_is_503_in_the_error_envelope(tmp_path):
+    web_only = Stack(tmp_path, num_workers=0)  # its own Redis: no worker anywhere
+    try:
+        status, headers, body = http("GET", web_only.base_url + "/health")
+    finally:
+        web_only.stop()
+    assert status == 503 and headers["Content-Type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == "service_unavailable" and "No engine worker" in error["message"]
 
 
 def test_tokenize_detokenize_roundtrip(stack):
@@ -34,24 +47,14 @@ def test_detokenize_rejects_bad_ids(stack):
     assert status == 400 and json.loads(body)["error"]["param"] == "tokens"
 
 
-def _metrics(stack) -> str:
-    status, headers, body = http("GET", stack.base_url + "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    return body.decode()
-
-
-def _value(text: str, prefix: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
-
-
 def test_metrics_use_vllm_names(stack):
     success, ttft, itl = ('vllm:request_success_total{finished_reason="length"',
                           "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count")
     time.sleep(1.2)  # earlier tests' requests reach the heartbeat first (published every 0.5 s)
-    before = _metrics(stack)
+    before = metrics_text(stack.base_url)
     stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
     deadline = time.monotonic() + 3  # workers publish every heartbeat (0.5 s)
-    while _value(text := _metrics(stack), success) < _value(before, success) + 1:
+    while metric_value(text := metrics_text(stack.base_url), success) < metric_value(before, success) + 1:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     lines = text.splitlines()
@@ -62,9 +65,9 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:request_time_per_output_token_seconds_bucket", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
-    assert _value(text, ttft) == _value(before, ttft) + 1
-    assert _value(text, itl) == _value(before, itl) + 2  # 3 tokens: 2 gaps
-    assert _value(text, "vllm:generation_tokens_total") >= _value(before, "vllm:generation_tokens_total") + 3
+    assert metric_value(text, ttft) == metric_value(before, ttft) + 1
+    assert metric_value(text, itl) == metric_value(before, itl) + 2  # 3 tokens: 2 gaps
+    assert metric_value(text, "vllm:generation_tokens_total") >= metric_value(before, "vllm:generation_tokens_total") + 3
 
 
 def test_index_page(stack):

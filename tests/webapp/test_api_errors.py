@@ -46,6 +46,21 @@ def test_errors_name_the_field_the_client_sent(stack, extra, field):
     assert error["param"] == field and field in error["message"], error
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": ["a", "b"]}),
+])
+def test_n_above_the_limit_names_n_and_the_limit(stack, path, body):
+    body = {"model": MODEL, "n": 129, "max_tokens": 1, **body}
+    error = _error(http("POST", stack.base_url + path, body), 400)
+    assert error["param"] == "n" and "128" in error["message"], error
+
+
+@pytest.mark.parametrize("prompt", [[[True, 5]], [[5, False]], ["Hi", [1, True]], [True, 5], [[]], [[1.5]]])
+def test_booleans_and_non_integers_are_not_token_ids(stack, prompt):
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+    assert _error(http("POST", stack.base_url + "/v1/completions", body), 400)["param"] == "prompt"
+
+
 def test_missing_messages_and_prompt(stack):
     assert _error(http("POST", stack.base_url + "/v1/chat/completions", {"model": MODEL}), 400)["param"] == "messages"
     assert _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL}), 400)["param"] == "prompt"

@@ -1,7 +1,9 @@
-"""A client that disconnects has its engine request aborted and its KV blocks returned."""
+"""A client that disconnects has its engine requests aborted and its KV blocks returned,
+whenever it leaves: mid-stream, during a long prefill, or while its requests are being enqueued."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import pytest
@@ -54,3 +56,55 @@ def test_disconnect_aborts_and_frees_blocks(stack, stream):
     assert generated < 300, generated  # far from the 1500 asked for: generation stopped at once
     time.sleep(1.0)
     assert _stats(stack)["generation_tokens_total"] == after["generation_tokens_total"]
+
+
+def _new_claim(stack, known: set[bytes], timeout: float = 30) -> None:
+    """Wait until a worker has claimed a request not in ``known``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for key in set(stack.redis.keys("tessera:claim:*")) - known:
+            if stack.redis.get(key) not in (None, b"aborted"):
+                return
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_disconnect_during_prefill_before_the_first_chunk(stack):
+    before = _wait_idle(stack, 10)
+    rng = random.Random(1)
+    prompt = [rng.randrange(1000, 30000) for _ in range(1900)]  # one long prefill
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 100, "ignore_eos": True, "stream": True}
+
+    async def run() -> None:
+        known = set(stack.redis.keys("tessera:claim:*"))
+        reader, writer, _ = await open_stream(stack.base_url, "/v1/completions", body, read_head=False)
+        await asyncio.to_thread(_new_claim, stack, known)  # in the engine now, prefilling
+        with pytest.raises(TimeoutError):  # nothing sent yet, not even the headers
+            await asyncio.wait_for(reader.read(1), 0.01)
+        writer.transport.abort()
+
+    asyncio.run(run())
+    after = _wait_idle(stack, 10)  # the abort lands after the prefill step
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] <= 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_while_a_batch_is_enqueued(stack, stream):
+    """A batch of prompts takes a while to enqueue; leaving at any moment of it, or just
+    after, leaves no request running."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(1000, 30000) for _ in range(16)] for _ in range(128)]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 32, "ignore_eos": True, "stream": stream}
+    for delay in (0.0, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32):
+        before = _wait_idle(stack, 10)
+
+        async def run() -> None:
+            reader, writer, _ = await open_stream(stack.base_url, "/v1/completions", body, read_head=False)
+            await asyncio.sleep(delay)
+            writer.transport.abort()
+
+        asyncio.run(run())
+        time.sleep(1.0)  # aborts reach the worker
+        after = _wait_idle(stack, 10)
+        generated = after["generation_tokens_total"] - before["generation_tokens_total"]
+        assert generated < 128 * 32 // 4, (delay, generated)

@@ -19,7 +19,7 @@ from inference.validation import validate_prompt
 from tenants.metering import Meter, error_kind
 
 from webapp.env import ENV
-from webapp.serving.client import EngineRequestSpec, GenerationStream, WorkerLost, model_workers
+from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
 
 from . import formatting
 from .errors import APIError, unavailable
@@ -62,11 +62,16 @@ class Generation:
 
     def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt],
                  meter: Meter | None = None) -> None:
+        """Raises:
+            APIError: 400 naming a sampling parameter out of range (before any per-choice
+                state is built, so a huge ``n`` costs nothing).
+        """
         self.chat = chat
         self.meter = meter
         self.model = model
         self.options = options
         self.prompts = prompts
+        self.base_params = options.sampling_params()  # validates every field once
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.n = options.sampling["n"]
@@ -90,11 +95,10 @@ class Generation:
         if not workers:
             raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
         max_model_len = min(int(w["max_model_len"]) for w in workers)
-        base = self.options.sampling_params()  # validates every field once
         specs = []
         for p, prompt in enumerate(self.prompts):
             try:
-                max_tokens = validate_prompt(prompt.token_ids, base, max_model_len)
+                max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
             except InvalidRequestError as error:
                 raise APIError.from_engine(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
@@ -110,7 +114,7 @@ class Generation:
         """Wait for every choice and return the response object (usage included).
 
         Raises:
-            APIError: the worker's error (400), or 503 when the worker was lost.
+            APIError: the worker's error (400), or 503 when the worker was lost or the server stops.
         """
         try:
             async for message in self.stream:
@@ -119,13 +123,12 @@ class Generation:
                     raise APIError(message["message"], message["status"], param=message.get("param"))
                 for _ in self._apply(message):
                     pass
-        except WorkerLost as error:
+        except (WorkerLost, ServerStopping) as error:
             self._end("unavailable")
             await asyncio.shield(self.stream.abort())
             raise unavailable(str(error)) from None
-        except BaseException as error:
+        except BaseException as error:  # the engine requests are aborted when the task ends
             self._end(_kind_of(error))
-            await asyncio.shield(self.stream.abort())
             raise
         self._end(None)
         choices = [self._full_choice(c) for c in self.choices.values()]
@@ -147,8 +150,9 @@ class Generation:
     async def events(self) -> AsyncIterator[bytes]:
         """Server-sent events: chunks, an optional usage chunk, then ``[DONE]``.
 
-        A worker error or a lost worker becomes an ``{"error": ...}`` event. If the client
-        disconnects (the task is cancelled), the engine requests are aborted.
+        A worker error, a lost worker or the server shutting down becomes an ``{"error": ...}``
+        event (followed by ``[DONE]`` as always). If the client disconnects (Django cancels
+        the task), the engine requests are aborted (see :meth:`GenerationStream.start`).
         """
         try:
             if self.chat:
@@ -173,12 +177,13 @@ class Generation:
                 if self.options.include_usage:
                     yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
                                           "model": self.model, "choices": [], "usage": self._usage()})
-        except (WorkerLost, RedisError) as error:
+        except (WorkerLost, ServerStopping, RedisError) as error:
             self._end("unavailable")
+            if isinstance(error, ServerStopping):  # abort now: the event loop ends soon after
+                await asyncio.shield(self.stream.abort())
             yield formatting.sse(unavailable(str(error)).body())
-        except BaseException as error:  # client gone (CancelledError) or a bug: free the engine
+        except BaseException as error:  # client gone (CancelledError) or a bug; aborted when the task ends
             self._end(_kind_of(error))
-            await asyncio.shield(self.stream.abort())
             raise
         yield formatting.sse("[DONE]")
 

@@ -68,6 +68,12 @@ def _stop_list(body: Body) -> list[str]:
     return stop
 
 
+def _is_token_ids(value: Any) -> bool:
+    """A non-empty JSON array of integers (booleans are not token ids)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 def _int_list(body: Body, name: str) -> list[int]:
     values = body.get(name, list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -226,10 +232,9 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
     prompt = body.data.get("prompt")
     if isinstance(prompt, str):
         prompts: list = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif _is_token_ids(prompt):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)) for p in prompt):
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_ids(p) for p in prompt):
         prompts = list(prompt)
     else:
         raise bad_request("'prompt' must be a string, an array of strings, an array of token ids, "

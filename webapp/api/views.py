@@ -15,7 +15,7 @@ from tenants.identity import Caller
 from tenants.metering import Meter
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
-from webapp.serving.registry import live_workers
+from webapp.serving.registry import live_workers, model_totals
 from webapp.version import __version__
 
 from .decorators import api_view
@@ -138,11 +138,16 @@ async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
 
 @api_view("GET", authenticate=False)
 async def health(request: HttpRequest, tenant) -> HttpResponse:
-    """GET /health: 200 when at least one engine worker is live, else 503."""
+    """GET /health: 200 ``{"status": "ok", "num_workers": N}`` when at least one engine worker
+    is live, else 503 in OpenAI's error envelope.
+
+    vLLM answers 200 with an empty body; probes read only the status, so they work unchanged,
+    while a person or a script gets JSON like every other endpoint (not an empty text/html).
+    """
     workers = [w for w in await live_workers(get_redis()) if w.get("live")]
     if not workers:
         raise unavailable("No engine worker is live.")
-    return HttpResponse(status=200)
+    return JsonResponse({"status": "ok", "num_workers": len(workers)})
 
 
 @api_view("GET", authenticate=False)
@@ -154,8 +159,10 @@ async def version(request: HttpRequest, tenant) -> HttpResponse:
 @api_view("GET", authenticate=False)
 async def metrics(request: HttpRequest, tenant) -> HttpResponse:
     """GET /metrics: Prometheus text format, labelled by ``model_name``."""
-    workers = await live_workers(get_redis())
-    body = prometheus.render(workers, [s.name for s in served_models()])
+    redis = get_redis()
+    workers = await live_workers(redis)
+    models = sorted({s.name for s in served_models()} | {w["model"] for w in workers})
+    body = prometheus.render(workers, await model_totals(redis, models))
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

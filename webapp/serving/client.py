@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -45,6 +46,15 @@ class WorkerLost(Exception):
     """The worker serving a request died or left, or no worker of the model is live."""
 
 
+class ServerStopping(Exception):
+    """The web server is shutting down and stops serving this request."""
+
+
+request_stopped: ContextVar[asyncio.Future | None] = ContextVar("tessera_request_stopped", default=None)
+"""Per HTTP request, set by the ASGI handler (:class:`webapp.handlers.APIHandler`): a future
+that is done once the server stops serving the request (at shutdown)."""
+
+
 @dataclass(frozen=True)
 class EngineRequestSpec:
     """One engine request of an HTTP request (a completions call with several prompts has several)."""
@@ -76,19 +86,35 @@ class GenerationStream:
         self._pending: collections.deque[Message] = collections.deque()  # unpacked, not yet handled
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
+        self._stopped = request_stopped.get()
 
     @property
     def finished(self) -> bool:
         return not self._unfinished
 
     async def start(self) -> None:
-        """Put every engine request on the model's Celery queue."""
+        """Put every engine request on the model's Celery queue.
+
+        The stream belongs to the task that starts it (the one serving the HTTP request):
+        when that task ends with engine requests unfinished, however it ends (the client
+        left and Django cancelled it, even in the middle of this call, before any chunk;
+        the server stopped; an error), they are aborted.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(self._abort_unfinished)
         self.reply = await self.layer.new_channel("tessera.reply")
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now, "tenant": r.tenant, "priority": r.priority,
                      "cache_salt": r.cache_salt} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
+
+    def _abort_unfinished(self, _task: asyncio.Task) -> None:
+        if self._unfinished:
+            abort = asyncio.ensure_future(self.abort())
+            _aborts_in_flight.add(abort)  # keep a reference until it is done
+            abort.add_done_callback(_aborts_in_flight.discard)
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -114,8 +140,11 @@ class GenerationStream:
     async def _receive_one(self) -> Message:
         if self._receive is None:
             self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
+        waits = {self._receive} if self._stopped is None else {self._receive, self._stopped}
         while True:
-            done, _ = await asyncio.wait({self._receive}, timeout=SILENCE_CHECK)
+            done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK, return_when=asyncio.FIRST_COMPLETED)
+            if self._stopped in done:
+                raise ServerStopping("The server is shutting down; retry the request.")
             if done:
                 receive, self._receive = self._receive, None
                 return receive.result()
@@ -148,25 +177,33 @@ class GenerationStream:
             self._receive = None
         if not self._unfinished:
             return
+        rids = sorted(self._unfinished)
+        self._unfinished.clear()
         redis = get_redis()
+        pipe = redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.set(registry.claim_key(rid), registry.ABORTED, nx=True, ex=registry.CLAIM_TTL)
+        claimed = [rid for rid, marked in zip(rids, await pipe.execute()) if not marked]
         by_worker: dict[str, list[str]] = {}
-        for rid in sorted(self._unfinished):
-            key = registry.claim_key(rid)
-            if await redis.set(key, registry.ABORTED, nx=True, ex=registry.CLAIM_TTL):
-                continue
-            owner = await redis.get(key)
-            if owner and owner.decode() != registry.ABORTED:
-                by_worker.setdefault(owner.decode(), []).append(rid)
-        for worker_id, rids in by_worker.items():
+        if claimed:
+            for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
+                if owner and owner.decode() != registry.ABORTED:
+                    by_worker.setdefault(owner.decode(), []).append(rid)
+        for worker_id, owned in by_worker.items():
             info = await registry.worker_info(redis, worker_id)
             if info and info.get("control"):
-                await self.layer.send(info["control"], {"type": "abort", "rids": rids})
-        self._unfinished.clear()
+                await self.layer.send(info["control"], {"type": "abort", "rids": owned})
+
+
+_aborts_in_flight: set[asyncio.Future] = set()
 
 
 def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
     for payload in payloads:
-        celery_app.send_task(GENERATE_TASK, args=[payload], queue=queue)
+        # argsrepr: what logs show for the task; Celery's default (a bounded repr of the
+        # prompt's token ids) costs about a millisecond per request.
+        celery_app.send_task(GENERATE_TASK, args=[payload], queue=queue, argsrepr=f"[rid={payload['rid']}]",
+                             kwargsrepr="{}")
 
 
 _WORKERS_CACHE_SECONDS = 0.25

@@ -4,8 +4,9 @@
   flight is coalesced per request and written with one pipeline (:func:`.publish.bulk_send`),
   so a slow Redis delays delivery but never the engine loop;
 * receives aborts on the worker's control channel and passes them to the engine loop;
-* writes the heartbeat (worker info, engine stats, request metrics) every
-  ``HEARTBEAT_INTERVAL`` seconds, and reads the tenants' GPU shares with it
+* writes the heartbeat (worker info, engine stats) every ``HEARTBEAT_INTERVAL`` seconds,
+  adds what the worker's counters and histograms grew by to its model's totals
+  (:mod:`.worker_metrics`), also once more when it stops, and reads the tenants' GPU shares
   (:mod:`.tenant_shares`), passing them on when they changed.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import registry
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
-from .worker_metrics import RequestMetrics
+from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class WorkerIO(threading.Thread):
         self.worker_id = worker_id
         self.layer = layer
         self.metrics = RequestMetrics()
+        self._deltas = CounterDeltas()
         self.control_channel: str | None = None
         self._info = info
         self._on_abort = on_abort
@@ -108,6 +110,10 @@ class WorkerIO(threading.Thread):
         except asyncio.TimeoutError:
             self._tasks[0].cancel()
         redis = self.layer.connection(0)
+        try:
+            await self._push_counters(self._info())
+        except Exception:
+            logger.exception("final metrics push failed")
         await redis.delete(registry.worker_key(self.worker_id))
         await redis.zrem(registry.WORKERS_KEY, self.worker_id)
 
@@ -174,11 +180,24 @@ class WorkerIO(threading.Thread):
                 logger.exception("heartbeat failed")
 
     async def _heartbeat_once(self) -> None:
-        info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time(),
-                    metrics=self.metrics.snapshot())
+        info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))
+        await self._push_counters(info)
         if self._on_shares is not None:
             shares = decode_shares(await self.layer.connection(0).hgetall(SHARES_KEY))
             if shares != self._shares:
                 self._shares = shares
                 self._on_shares(shares)
+
+    async def _push_counters(self, info: dict[str, Any]) -> None:
+        """Add what the counters grew by since the last push to the model's totals (one
+        MULTI/EXEC; on failure the increments stay for the next push)."""
+        totals = flat_totals(info["stats"], self.metrics)
+        increments = self._deltas.since_commit(totals)
+        if not increments:
+            return
+        pipe = self.layer.connection(0).pipeline(transaction=True)
+        for method, args, kwargs in registry.counter_increment_commands(info["model"], increments):
+            getattr(pipe, method)(*args, **kwargs)
+        await pipe.execute()
+        self._deltas.commit(totals)

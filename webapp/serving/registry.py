@@ -6,6 +6,9 @@
 * ``tessera:claim:<request id>`` — the id of the worker whose engine took the request, or
   ``"aborted"`` when the client left before any worker took it. Set with NX, so exactly
   one party wins: a request is never run twice, and an abort is never lost.
+* ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
+  past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
+  time the totals started, exported as ``_created``). Workers add increments; never expires.
 """
 from __future__ import annotations
 
@@ -26,6 +29,27 @@ def worker_key(worker_id: str) -> str:
 
 def claim_key(request_id: str) -> str:
     return f"tessera:claim:{request_id}"
+
+
+def metrics_key(model: str) -> str:
+    return f"tessera:metrics:{model}"
+
+
+def counter_increment_commands(model: str, increments: dict[str, float]) -> list[tuple[str, tuple, dict]]:
+    """Redis commands that add ``increments`` (field -> amount) to ``model``'s totals; run them
+    in one MULTI/EXEC so the totals never hold half a heartbeat's increments."""
+    key = metrics_key(model)
+    return [("hsetnx", (key, "created", time.time()), {}),
+            *[("hincrbyfloat", (key, name, amount), {}) for name, amount in increments.items()]]
+
+
+async def model_totals(redis, models: list[str]) -> dict[str, dict[str, float]]:
+    """``model -> {field: value}`` of the models' cumulative metrics (empty when none yet)."""
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        pipe.hgetall(metrics_key(model))
+    raw = await pipe.execute()
+    return {model: {k.decode(): float(v) for k, v in values.items()} for model, values in zip(models, raw)}
 
 
 def heartbeat_commands(worker_id: str, info: dict[str, Any]) -> list[tuple[str, tuple, dict]]:

@@ -1,7 +1,14 @@
-"""Request-level metrics a worker accumulates and publishes with its heartbeat.
+"""Request-level metrics a worker accumulates, and the counter increments it adds to its
+model's totals in Redis.
 
 Histograms use vLLM's bucket bounds (seconds), so dashboards built for vLLM read them as is.
-Aggregation across workers and the Prometheus text format live in :mod:`webapp.metrics`.
+Every cumulative value (engine token and preemption counters, finished requests by reason,
+histogram buckets, sums and counts) is kept flat, ``field -> value`` (see :func:`flat_totals`).
+With each heartbeat a worker adds what grew since its previous one to the model's totals hash
+in Redis (:class:`CounterDeltas`); ``/metrics`` exports those totals, so they never go
+backwards when a worker stops, dies or restarts (a killed worker loses at most the increments
+of its last heartbeat interval, which no scraper had seen). The Prometheus text format lives
+in :mod:`webapp.metrics`.
 """
 from __future__ import annotations
 
@@ -16,6 +23,14 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bounds
+    "time_to_first_token_seconds": TTFT_BUCKETS,
+    "inter_token_latency_seconds": ITL_BUCKETS,
+    "request_time_per_output_token_seconds": ITL_BUCKETS,
+    "e2e_request_latency_seconds": E2E_BUCKETS,
+}
+ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total")  # engine stats
+SUCCESS_PREFIX = "request_success:"  # + finish reason
 
 
 @dataclass
@@ -37,8 +52,12 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.count}
+    def flat(self, name: str) -> dict[str, float]:
+        """``{name}:bucket:{i}`` (non-cumulative counts), ``{name}:sum`` and ``{name}:count``."""
+        values: dict[str, float] = {f"{name}:bucket:{i}": c for i, c in enumerate(self.counts) if c}
+        values[f"{name}:sum"] = self.sum
+        values[f"{name}:count"] = self.count
+        return values
 
 
 class RequestMetrics:
@@ -46,10 +65,11 @@ class RequestMetrics:
     requests, and finished requests by reason. Fed by the worker's I/O thread only."""
 
     def __init__(self) -> None:
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.tpot = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
+        self.histograms = {name: Histogram(bounds) for name, bounds in HISTOGRAM_BOUNDS.items()}
+        self.ttft = self.histograms["time_to_first_token_seconds"]
+        self.itl = self.histograms["inter_token_latency_seconds"]
+        self.tpot = self.histograms["request_time_per_output_token_seconds"]
+        self.e2e = self.histograms["e2e_request_latency_seconds"]
         self.success: Counter[str] = Counter()
         # rid -> [time of first token, time of last token, tokens so far] (monotonic seconds)
         self._live: dict[str, list[float]] = {}
@@ -83,13 +103,32 @@ class RequestMetrics:
         """Drop the state of a request whose client left (its outputs are not published)."""
         self._live.pop(rid, None)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "request_success": dict(self.success),
-            "histograms": {
-                "time_to_first_token_seconds": self.ttft.snapshot(),
-                "inter_token_latency_seconds": self.itl.snapshot(),
-                "request_time_per_output_token_seconds": self.tpot.snapshot(),
-                "e2e_request_latency_seconds": self.e2e.snapshot(),
-            },
-        }
+    def flat(self) -> dict[str, float]:
+        """Finished requests by reason and every histogram, flat (see :func:`flat_totals`)."""
+        values: dict[str, float] = {SUCCESS_PREFIX + reason: n for reason, n in self.success.items()}
+        for name, histogram in self.histograms.items():
+            values.update(histogram.flat(name))
+        return values
+
+
+def flat_totals(engine_stats: dict[str, Any], metrics: RequestMetrics) -> dict[str, float]:
+    """All cumulative values of one worker: the engine's counters (``ENGINE_COUNTERS``),
+    ``request_success:<reason>``, and ``<histogram>:bucket:<i>`` / ``:sum`` / ``:count``."""
+    values = {name: engine_stats.get(name, 0) for name in ENGINE_COUNTERS}
+    values.update(metrics.flat())
+    return values
+
+
+class CounterDeltas:
+    """What a worker's cumulative values grew by since the last increments were committed."""
+
+    def __init__(self) -> None:
+        self._committed: dict[str, float] = {}
+
+    def since_commit(self, totals: dict[str, float]) -> dict[str, float]:
+        """``field -> increase`` for the fields of ``totals`` that grew (nothing when none did)."""
+        return {k: v - self._committed.get(k, 0) for k, v in totals.items() if v != self._committed.get(k, 0)}
+
+    def commit(self, totals: dict[str, float]) -> None:
+        """Record that the increments up to ``totals`` are in Redis."""
+        self._committed = dict(totals)
