@@ -28,7 +28,9 @@ class ScheduledRequest:
     @property
     def sampling_requests(self) -> list[Request]:
         """The requests that sample a token from this item's last row, in batch order."""
-        return [self.request, *self.forks] if self.samples else []
+        if not self.samples:
+            return []
+        return [self.request, *self.forks] if self.forks else [self.request]
 
 
 @dataclass

@@ -238,16 +238,22 @@ class LLMEngine:
         result = []
         for item in sched_out.scheduled:
             req = item.request
-            tokens = [(sample, *next(sampled)) for sample in item.sampling_requests]
+            if not item.samples:
+                tokens = ()
+            elif item.forks:
+                tokens = [(sample, *next(sampled)) for sample in item.sampling_requests]
+            else:
+                tokens = ((req, *next(sampled)),)
             parent = self._parents.get(req.parent_id)
             if parent is None:  # aborted while in flight
                 continue
             if req.request_id in runner_out.prompt_logprobs and not req.is_finished:
                 result.append((parent, req, None, runner_out.prompt_logprobs[req.request_id], None))
             start = req.num_computed_tokens - item.num_scheduled_tokens
-            self.prompt_tokens_computed_total += max(0, min(req.num_computed_tokens, req.num_prompt_tokens) - start)
-            if item.samples and req.num_output_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
+            if start < req.num_prompt_tokens:  # a prompt chunk (decodes skip this bookkeeping)
+                self.prompt_tokens_computed_total += min(req.num_computed_tokens, req.num_prompt_tokens) - start
+                if item.samples and req.num_output_tokens == 0:
+                    self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
             for sample, token_id, logprobs in tokens:
                 if sample.is_finished:  # ended by a stop string (or aborted) while in flight
                     continue

@@ -88,7 +88,10 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
             input_ids.extend(req.all_token_ids[ctx:ctx + n])
             blocks = np.asarray(req.block_ids, dtype=np.int64)
             block_of_token[start:start + n] = blocks[positions[start:start + n] // block_size]
-        logits_rows.extend([start + n - 1] * len(item.sampling_requests))
+        if item.samples:
+            logits_rows.append(start + n - 1)
+            if item.forks:
+                logits_rows.extend([start + n - 1] * len(item.forks))
         if req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == 0:
             scored = [p + 1 for p in range(ctx, ctx + n) if p + 1 < req.num_prompt_tokens]
             if scored:

@@ -106,7 +106,9 @@ class ModelRunner:
         # memory waits for the stream, so one issued after the forward would wait for the forward.
         self.apply_block_ops(sched_out)
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
-        sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
+        sampling = [s.request for s in sched_out.scheduled if s.samples]
+        if any(s.forks for s in sched_out.scheduled):  # parallel samples sample beside their leader
+            sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
         sampling_meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device) if sampling else None
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
