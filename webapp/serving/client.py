@@ -25,7 +25,7 @@ from webapp.tasks import GENERATE_TASK
 
 from . import registry
 from .messages import Message, is_final
-from .publish import unpack
+from .replies import reply_router
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 
@@ -79,8 +79,8 @@ class GenerationStream:
         self._unfinished = {r.rid for r in requests}
         self._next_seq = {r.rid: 0 for r in requests}
         self._held: dict[tuple[str, int], Message] = {}
-        self._receive: asyncio.Future | None = None
-        self._pending: collections.deque[Message] = collections.deque()  # unpacked, not yet handled
+        self._pending: collections.deque[Message] = collections.deque()  # arrived, not yet handled
+        self._arrived: asyncio.Future | None = None  # set when messages arrive
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
         self._stopped = request_stopped.get()
@@ -99,14 +99,22 @@ class GenerationStream:
         """
         task = asyncio.current_task()
         if task is not None:
-            task.add_done_callback(self._abort_unfinished)
-        self.reply = await self.layer.new_channel("tessera.reply")
+            task.add_done_callback(self._on_task_done)
+        self._router = reply_router()
+        self.reply = self._router.open(self._deliver)
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
 
-    def _abort_unfinished(self, _task: asyncio.Task) -> None:
+    def _deliver(self, messages: list[Message]) -> None:
+        self._pending.extend(messages)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
+    def _on_task_done(self, _task: asyncio.Task) -> None:
+        if self.reply is not None:
+            self._router.close(self.reply)
         if self._unfinished:
             abort = asyncio.ensure_future(self.abort())
             _aborts_in_flight.add(abort)  # keep a reference until it is done
@@ -130,21 +138,14 @@ class GenerationStream:
 
     async def _next_message(self) -> Message:
         while not self._pending:
-            self._pending.extend(unpack(await self._receive_one(), self.reply))
-        return self._pending.popleft()
-
-    async def _receive_one(self) -> Message:
-        if self._receive is None:
-            self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
-        waits = {self._receive} if self._stopped is None else {self._receive, self._stopped}
-        while True:
+            self._arrived = asyncio.get_running_loop().create_future()
+            waits = {self._arrived} if self._stopped is None else {self._arrived, self._stopped}
             done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK, return_when=asyncio.FIRST_COMPLETED)
             if self._stopped in done:
                 raise ServerStopping("The server is shutting down; retry the request.")
-            if done:
-                receive, self._receive = self._receive, None
-                return receive.result()
-            await self._check_workers()
+            if not done:
+                await self._check_workers()
+        return self._pending.popleft()
 
     async def _check_workers(self) -> None:
         """Raise :class:`WorkerLost` if a request's worker died, if no worker of the model is
@@ -168,9 +169,6 @@ class GenerationStream:
     async def abort(self) -> None:
         """Abort the unfinished engine requests: those not claimed yet are marked so no
         worker starts them; the owners of the others get an abort on their control channel."""
-        if self._receive is not None:
-            self._receive.cancel()
-            self._receive = None
         if not self._unfinished:
             return
         rids = sorted(self._unfinished)
