@@ -13,7 +13,7 @@ import asyncio
 import collections
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import redis.asyncio as aioredis
@@ -200,16 +200,49 @@ def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
                              kwargsrepr="{}")
 
 
-_WORKERS_CACHE_SECONDS = 0.25
-_workers_cache: dict[tuple[int, str], tuple[float, asyncio.Future]] = {}
+WORKERS_FRESH = 0.25  # seconds a read of the live workers is used as it is
+WORKERS_STALE = 1.0  # seconds an older read still answers, while a new one runs in the background
+
+
+@dataclass
+class _LiveWorkers:
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    read_at: float = float("-inf")  # time.monotonic() when the last successful read started
+    reading: asyncio.Future | None = None
+
+
+_live_workers: dict[tuple[int, str], _LiveWorkers] = {}
+
+
+async def _read_live_workers(entry: _LiveWorkers, model: str) -> None:
+    started = time.monotonic()
+    try:
+        entry.workers = await registry.live_workers(get_redis(), model)
+        entry.read_at = started
+    finally:
+        entry.reading = None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed background read is reported to the next caller that waits
 
 
 async def model_workers(model: str) -> list[dict[str, Any]]:
-    """Live workers of ``model`` that admit requests (not shutting down), read from Redis at
-    most every quarter of a second per process (concurrent callers share one read)."""
-    now = time.monotonic()
-    key = (id(asyncio.get_running_loop()), model)
-    hit = _workers_cache.get(key)
-    if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS or (hit[1].done() and hit[1].exception()):
-        hit = _workers_cache[key] = (now, asyncio.ensure_future(registry.live_workers(get_redis(), model)))
-    return [w for w in await asyncio.shield(hit[1]) if w.get("live")]
+    """Live workers of ``model`` that admit requests (not shutting down).
+
+    Read from Redis at most every ``WORKERS_FRESH`` seconds per process (concurrent callers
+    share one read); a read up to ``WORKERS_STALE`` seconds old answers at once while the next
+    one runs in the background, so a request rarely waits for Redis here.
+
+    Raises:
+        RedisError: Redis could not be read and no recent enough answer is at hand.
+    """
+    entry = _live_workers.setdefault((id(asyncio.get_running_loop()), model), _LiveWorkers())
+    age = time.monotonic() - entry.read_at
+    if age > WORKERS_FRESH and entry.reading is None:
+        entry.reading = asyncio.ensure_future(_read_live_workers(entry, model))
+        entry.reading.add_done_callback(_retrieve)
+    if age > WORKERS_STALE:
+        await asyncio.shield(entry.reading)
+    return [w for w in entry.workers if w.get("live")]
