@@ -155,8 +155,9 @@ class GenerationStream:
         rids = sorted(self._unfinished)
         owners = dict(zip(rids, (o.decode() if o else None for o in
                                  await redis.mget([registry.claim_key(r) for r in rids]))))
-        for owner in set(owners.values()) - {None, registry.ABORTED}:
-            if await registry.worker_info(redis, owner) is None:
+        known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
+        for owner in set(owners.values()) - {None, registry.ABORTED} - known:
+            if await registry.worker_info(redis, owner) is None:  # not just newer than the shared read
                 raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
         self._owners.update({rid: owner for rid, owner in owners.items() if owner})
         vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
@@ -228,8 +229,8 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()  # a failed background read is reported to the next caller that waits
 
 
-async def model_workers(model: str) -> list[dict[str, Any]]:
-    """Live workers of ``model`` that admit requests (not shutting down).
+async def _heartbeating_workers(model: str) -> list[dict[str, Any]]:
+    """Workers of ``model`` with a fresh heartbeat, admitting requests or shutting down.
 
     Read from Redis at most every ``WORKERS_FRESH`` seconds per process (concurrent callers
     share one read); a read up to ``WORKERS_STALE`` seconds old answers at once while the next
@@ -245,4 +246,14 @@ async def model_workers(model: str) -> list[dict[str, Any]]:
         entry.reading.add_done_callback(_retrieve)
     if age > WORKERS_STALE:
         await asyncio.shield(entry.reading)
-    return [w for w in entry.workers if w.get("live")]
+    return entry.workers
+
+
+async def model_workers(model: str) -> list[dict[str, Any]]:
+    """Live workers of ``model`` that admit requests (not shutting down); see
+    :func:`_heartbeating_workers` for how fresh the answer is.
+
+    Raises:
+        RedisError: Redis could not be read and no recent enough answer is at hand.
+    """
+    return [w for w in await _heartbeating_workers(model) if w.get("live")]
