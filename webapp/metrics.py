@@ -22,6 +22,8 @@ HISTOGRAMS = {
     "inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
     "request_time_per_output_token_seconds": "Histogram of time per output token in seconds (per request).",
     "e2e_request_latency_seconds": "Histogram of end to end request latency in seconds.",
+    "request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
 }
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),

@@ -1,5 +1,6 @@
 """In-process tests against the real ASGI app and the real Redis of the shared stack:
-the live-stats WebSocket consumer, and the bulk publisher's ordering and coalescing."""
+the live-stats WebSocket consumer, and the bulk publisher's ordering (read back by the reply
+router) and coalescing."""
 from __future__ import annotations
 
 import asyncio
@@ -51,22 +52,30 @@ def test_live_stats_websocket(django_app):
 def test_bulk_send_keeps_order_per_channel(django_app):
     from channels.layers import get_channel_layer
 
-    from webapp.serving.publish import bulk_send, unpack
+    from webapp.serving.publish import bulk_send
+    from webapp.serving.replies import reply_router
 
-    async def run() -> dict[str, list[int]]:
+    async def run() -> tuple[dict[str, list[int]], list[int]]:
         layer = get_channel_layer()
-        channels = [await layer.new_channel("test") for _ in range(5)]
+        router = reply_router()
+        received: list[list[int]] = [[] for _ in range(5)]
+        channels = [router.open(lambda ms, into=into: into.extend(m["i"] for m in ms)) for into in received]
+        got = dict(zip(channels, received))
+        closed: list[int] = []
+        router.close(late := router.open(lambda ms: closed.extend(m["i"] for m in ms)))
         for start in range(0, 300, 100):  # three pipelines of 100 messages per channel
-            await bulk_send(layer, [(ch, {"type": "t", "i": i}) for i in range(start, start + 100) for ch in channels])
-        got = {}
-        for ch in channels:
-            got[ch] = []
-            while len(got[ch]) < 300:
-                got[ch] += [m["i"] for m in unpack(await layer.receive(ch), ch)]
-        return got
+            await bulk_send(layer, [(ch, {"type": "t", "i": i}) for i in range(start, start + 100)
+                                    for ch in [*channels, late]])
+        for _ in range(500):
+            if all(len(v) == 300 for v in got.values()):
+                break
+            await asyncio.sleep(0.01)
+        return got, closed
 
-    for received in asyncio.run(run()).values():
+    got, closed = asyncio.run(run())
+    for received in got.values():
         assert received == list(range(300))
+    assert closed == []  # a closed channel gets nothing
 
 
 def test_coalesce_merges_deltas_of_one_request():

@@ -154,38 +154,39 @@ class Generation:
         event (followed by ``[DONE]`` as always). If the client disconnects (Django cancels
         the task), the engine requests are aborted (see :meth:`GenerationStream.start`).
         """
-        try:
+        last: list[bytes] = []  # sent together with [DONE]
+        try:  # the events of one worker message go out in one write
             if self.chat:
-                for c in self.choices.values():
-                    yield formatting.sse(self._chunk(c, {"role": "assistant", "content": ""}, None))
+                yield b"".join(formatting.sse(self._chunk(c, {"role": "assistant", "content": ""}, None))
+                               for c in self.choices.values())
             elif self.options.echo:
-                for c in self.choices.values():
-                    yield formatting.sse(self._chunk(c, self.prompts[c.prompt_index].text, None))
+                yield b"".join(formatting.sse(self._chunk(c, self.prompts[c.prompt_index].text, None))
+                               for c in self.choices.values())
             async for message in self.stream:
                 if message["type"] == "error":
                     self._end(error_kind(message["status"]))
                     await self.stream.abort()
-                    error = APIError(message["message"], message["status"], param=message.get("param"))
-                    yield formatting.sse(error.body())
+                    last.append(formatting.sse(APIError(message["message"], message["status"],
+                                                        param=message.get("param")).body()))
                     break
-                for c, new_text in self._apply(message):
-                    chunk = self._delta_chunk(c, new_text)
-                    if chunk is not None:
-                        yield formatting.sse(chunk)
+                events = [formatting.sse(chunk) for c, new_text in self._apply(message)
+                          if (chunk := self._delta_chunk(c, new_text)) is not None]
+                if events:
+                    yield b"".join(events)
             else:
                 self._end(None)
                 if self.options.include_usage:
-                    yield formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
-                                          "model": self.model, "choices": [], "usage": self._usage()})
+                    last.append(formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
+                                                "model": self.model, "choices": [], "usage": self._usage()}))
         except (WorkerLost, ServerStopping, RedisError) as error:
             self._end("unavailable")
             if isinstance(error, ServerStopping):  # abort now: the event loop ends soon after
                 await asyncio.shield(self.stream.abort())
-            yield formatting.sse(unavailable(str(error)).body())
+            last.append(formatting.sse(unavailable(str(error)).body()))
         except BaseException as error:  # client gone (CancelledError) or a bug; aborted when the task ends
             self._end(_kind_of(error))
             raise
-        yield formatting.sse("[DONE]")
+        yield b"".join([*last, formatting.sse("[DONE]")])
 
     @property
     def _chunk_object(self) -> str:

@@ -13,7 +13,7 @@ import asyncio
 import collections
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import redis.asyncio as aioredis
@@ -25,7 +25,7 @@ from webapp.tasks import GENERATE_TASK
 
 from . import registry
 from .messages import Message, is_final
-from .publish import unpack
+from .replies import reply_router
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 
@@ -82,8 +82,8 @@ class GenerationStream:
         self._unfinished = {r.rid for r in requests}
         self._next_seq = {r.rid: 0 for r in requests}
         self._held: dict[tuple[str, int], Message] = {}
-        self._receive: asyncio.Future | None = None
-        self._pending: collections.deque[Message] = collections.deque()  # unpacked, not yet handled
+        self._pending: collections.deque[Message] = collections.deque()  # arrived, not yet handled
+        self._arrived: asyncio.Future | None = None  # set when messages arrive
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
         self._stopped = request_stopped.get()
@@ -102,15 +102,23 @@ class GenerationStream:
         """
         task = asyncio.current_task()
         if task is not None:
-            task.add_done_callback(self._abort_unfinished)
-        self.reply = await self.layer.new_channel("tessera.reply")
+            task.add_done_callback(self._on_task_done)
+        self._router = reply_router()
+        self.reply = self._router.open(self._deliver)
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "params": r.params, "arrival": now, "tenant": r.tenant, "priority": r.priority,
                      "cache_salt": r.cache_salt} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
 
-    def _abort_unfinished(self, _task: asyncio.Task) -> None:
+    def _deliver(self, messages: list[Message]) -> None:
+        self._pending.extend(messages)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
+    def _on_task_done(self, _task: asyncio.Task) -> None:
+        if self.reply is not None:
+            self._router.close(self.reply)
         if self._unfinished:
             abort = asyncio.ensure_future(self.abort())
             _aborts_in_flight.add(abort)  # keep a reference until it is done
@@ -134,21 +142,14 @@ class GenerationStream:
 
     async def _next_message(self) -> Message:
         while not self._pending:
-            self._pending.extend(unpack(await self._receive_one(), self.reply))
-        return self._pending.popleft()
-
-    async def _receive_one(self) -> Message:
-        if self._receive is None:
-            self._receive = asyncio.ensure_future(self.layer.receive(self.reply))
-        waits = {self._receive} if self._stopped is None else {self._receive, self._stopped}
-        while True:
+            self._arrived = asyncio.get_running_loop().create_future()
+            waits = {self._arrived} if self._stopped is None else {self._arrived, self._stopped}
             done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK, return_when=asyncio.FIRST_COMPLETED)
             if self._stopped in done:
                 raise ServerStopping("The server is shutting down; retry the request.")
-            if done:
-                receive, self._receive = self._receive, None
-                return receive.result()
-            await self._check_workers()
+            if not done:
+                await self._check_workers()
+        return self._pending.popleft()
 
     async def _check_workers(self) -> None:
         """Raise :class:`WorkerLost` if a request's worker died, if no worker of the model is
@@ -158,8 +159,9 @@ class GenerationStream:
         rids = sorted(self._unfinished)
         owners = dict(zip(rids, (o.decode() if o else None for o in
                                  await redis.mget([registry.claim_key(r) for r in rids]))))
-        for owner in set(owners.values()) - {None, registry.ABORTED}:
-            if await registry.worker_info(redis, owner) is None:
+        known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
+        for owner in set(owners.values()) - {None, registry.ABORTED} - known:
+            if await registry.worker_info(redis, owner) is None:  # not just newer than the shared read
                 raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
         self._owners.update({rid: owner for rid, owner in owners.items() if owner})
         vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
@@ -172,9 +174,6 @@ class GenerationStream:
     async def abort(self) -> None:
         """Abort the unfinished engine requests: those not claimed yet are marked so no
         worker starts them; the owners of the others get an abort on their control channel."""
-        if self._receive is not None:
-            self._receive.cancel()
-            self._receive = None
         if not self._unfinished:
             return
         rids = sorted(self._unfinished)
@@ -206,16 +205,59 @@ def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
                              kwargsrepr="{}")
 
 
-_WORKERS_CACHE_SECONDS = 0.25
-_workers_cache: dict[tuple[int, str], tuple[float, asyncio.Future]] = {}
+WORKERS_FRESH = 0.25  # seconds a read of the live workers is used as it is
+WORKERS_STALE = 1.0  # seconds an older read still answers, while a new one runs in the background
+
+
+@dataclass
+class _LiveWorkers:
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    read_at: float = float("-inf")  # time.monotonic() when the last successful read started
+    reading: asyncio.Future | None = None
+
+
+_live_workers: dict[tuple[int, str], _LiveWorkers] = {}
+
+
+async def _read_live_workers(entry: _LiveWorkers, model: str) -> None:
+    started = time.monotonic()
+    try:
+        entry.workers = await registry.live_workers(get_redis(), model)
+        entry.read_at = started
+    finally:
+        entry.reading = None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed background read is reported to the next caller that waits
+
+
+async def _heartbeating_workers(model: str) -> list[dict[str, Any]]:
+    """Workers of ``model`` with a fresh heartbeat, admitting requests or shutting down.
+
+    Read from Redis at most every ``WORKERS_FRESH`` seconds per process (concurrent callers
+    share one read); a read up to ``WORKERS_STALE`` seconds old answers at once while the next
+    one runs in the background, so a request rarely waits for Redis here.
+
+    Raises:
+        RedisError: Redis could not be read and no recent enough answer is at hand.
+    """
+    entry = _live_workers.setdefault((id(asyncio.get_running_loop()), model), _LiveWorkers())
+    age = time.monotonic() - entry.read_at
+    if age > WORKERS_FRESH and entry.reading is None:
+        entry.reading = asyncio.ensure_future(_read_live_workers(entry, model))
+        entry.reading.add_done_callback(_retrieve)
+    if age > WORKERS_STALE:
+        await asyncio.shield(entry.reading)
+    return entry.workers
 
 
 async def model_workers(model: str) -> list[dict[str, Any]]:
-    """Live workers of ``model`` that admit requests (not shutting down), read from Redis at
-    most every quarter of a second per process (concurrent callers share one read)."""
-    now = time.monotonic()
-    key = (id(asyncio.get_running_loop()), model)
-    hit = _workers_cache.get(key)
-    if hit is None or now - hit[0] > _WORKERS_CACHE_SECONDS or (hit[1].done() and hit[1].exception()):
-        hit = _workers_cache[key] = (now, asyncio.ensure_future(registry.live_workers(get_redis(), model)))
-    return [w for w in await asyncio.shield(hit[1]) if w.get("live")]
+    """Live workers of ``model`` that admit requests (not shutting down); see
+    :func:`_heartbeating_workers` for how fresh the answer is.
+
+    Raises:
+        RedisError: Redis could not be read and no recent enough answer is at hand.
+    """
+    return [w for w in await _heartbeating_workers(model) if w.get("live")]

@@ -1,13 +1,12 @@
 """Send many Channels messages in one Redis round trip.
 
-``channels_redis`` sends one message per call (four commands each), and its ``receive``
-costs four more round trips per message in the web process. A worker publishes the
+``channels_redis`` sends one message per call (four commands each). A worker publishes the
 coalesced deltas of a whole engine step at once: here, all messages for the channels of one
 web process (which share one Redis key) become a single *batch* message addressed to all of
 them, the way the layer's own ``group_send`` addresses one message to many channels. It is
-written with one pipeline in the layer's storage format (serializer, key names, expiry),
-so the layer's ``receive`` delivers it unchanged to every channel in it; each receiver takes
-its own messages out with :func:`unpack`.
+written with one pipeline in the layer's storage format (serializer, key names, expiry);
+the web process reads it with :class:`.replies.ReplyRouter`, which hands each channel its
+own messages.
 """
 from __future__ import annotations
 
@@ -30,19 +29,12 @@ def _next_score() -> float:
 BATCH_TYPE = "tessera.batch"
 
 
-def unpack(message: dict[str, Any], channel: str) -> list[dict[str, Any]]:
-    """The messages for ``channel`` in what ``layer.receive(channel)`` returned, in send order."""
-    if message.get("type") == BATCH_TYPE:
-        return list(message["messages"].get(channel, ()))
-    return [message]
-
-
 async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, Any]]],
                     extra_commands: list[tuple[str, tuple, dict]] | None = None) -> None:
     """Send ``(channel, message)`` pairs; messages to one channel arrive in list order.
 
     Process-specific channels (``name!suffix``) of one process get one batch message
-    (read it with :func:`unpack`); other channels get one message each. Must run on the
+    (see :mod:`.replies`); other channels get one message each. Must run on the
     event loop that owns the layer's connections in this thread. ``extra_commands``
     (``(method, args, kwargs)`` on the Redis client) ride in the same pipeline. The layer's
     per-channel capacity is not checked (the settings size it for all streams).
@@ -55,7 +47,7 @@ async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, A
         else:
             members[0][layer.prefix + channel][layer.serialize(message)] = _next_score()
     for key_name, by_channel in batches.items():
-        batch = {"type": BATCH_TYPE, "messages": dict(by_channel), "__asgi_channel__": list(by_channel)}
+        batch = {"type": BATCH_TYPE, "messages": dict(by_channel)}
         members[layer.consistent_hash(key_name)][layer.prefix + key_name][layer.serialize(batch)] = _next_score()
     if not members and extra_commands:
         members[0] = {}

@@ -28,6 +28,8 @@ HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bou
     "inter_token_latency_seconds": ITL_BUCKETS,
     "request_time_per_output_token_seconds": ITL_BUCKETS,
     "e2e_request_latency_seconds": E2E_BUCKETS,
+    "request_queue_time_seconds": E2E_BUCKETS,
+    "request_prefill_time_seconds": E2E_BUCKETS,
 }
 ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total")  # engine stats
 SUCCESS_PREFIX = "request_success:"  # + finish reason
@@ -61,8 +63,8 @@ class Histogram:
 
 
 class RequestMetrics:
-    """TTFT, inter-token latency, time per output token and end-to-end latency of finished
-    requests, and finished requests by reason. Fed by the worker's I/O thread only."""
+    """TTFT, inter-token latency, time per output token, end-to-end latency, queue time and
+    prefill time of requests, and finished requests by reason. Fed by the worker's I/O thread only."""
 
     def __init__(self) -> None:
         self.histograms = {name: Histogram(bounds) for name, bounds in HISTOGRAM_BOUNDS.items()}
@@ -70,6 +72,8 @@ class RequestMetrics:
         self.itl = self.histograms["inter_token_latency_seconds"]
         self.tpot = self.histograms["request_time_per_output_token_seconds"]
         self.e2e = self.histograms["e2e_request_latency_seconds"]
+        self.queue = self.histograms["request_queue_time_seconds"]  # arrival -> first scheduled
+        self.prefill = self.histograms["request_prefill_time_seconds"]  # first scheduled -> first token
         self.success: Counter[str] = Counter()
         # rid -> [time of first token, time of last token, tokens so far] (monotonic seconds)
         self._live: dict[str, list[float]] = {}
@@ -84,6 +88,10 @@ class RequestMetrics:
                 first = metrics.get("first_token", step_time)
                 if "arrival" in metrics:
                     self.ttft.observe(max(0.0, first - metrics["arrival"]))
+                if "first_scheduled" in metrics:
+                    self.prefill.observe(max(0.0, first - metrics["first_scheduled"]))
+                    if "arrival" in metrics:
+                        self.queue.observe(max(0.0, metrics["first_scheduled"] - metrics["arrival"]))
                 live = self._live[rid] = [first, first, 0]
             else:
                 self.itl.observe(step_time - live[1])

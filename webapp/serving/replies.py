@@ -1,0 +1,98 @@
+"""Reply channels of a web process: one reader hands every worker message to its stream.
+
+Workers write the deltas for all reply channels of one web process into one Redis sorted
+set, in the Channels layer's storage format (:func:`.publish.bulk_send`). The layer's own
+``receive`` would cost every stream two tasks and a lock per message, and every message
+four Redis round trips (a Lua clean-up, ``BZPOPMIN``, then adding to and removing from a
+backup set that protects against a receiver dying mid-way; pointless here, as a reply
+channel lives and dies with its process). Instead one task per event loop pops the set with
+``BZPOPMIN`` and calls the sink registered for each message's channel; messages for a
+channel nobody holds any more (its stream ended) are dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Callable
+
+from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
+
+from .publish import BATCH_TYPE
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_PREFIX = "tessera.reply"
+READ_TIMEOUT = 5  # seconds one BZPOPMIN blocks (below the layer's 30 s socket timeout)
+RETRY_DELAY = 0.5  # seconds before reading again after a Redis error
+
+Sink = Callable[[list[dict[str, Any]]], None]
+
+
+class ReplyRouter:
+    """Reply channels of this process on one event loop, and the task that reads them.
+
+    Channel names have the layer's format for process-specific channels
+    (``tessera.reply.<client prefix>!<id>``), so :func:`.publish.bulk_send` batches all
+    messages for this process into one sorted-set member.
+    """
+
+    def __init__(self, layer: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.layer = layer
+        self.loop = loop  # held, so that its id (the key in ``_routers``) is never reused
+        self.group = f"{CHANNEL_PREFIX}.{layer.client_prefix}!"  # the part all reply channels share
+        self._key = layer.prefix + self.group
+        self._index = layer.consistent_hash(self.group)
+        self._sinks: dict[str, Sink] = {}
+        self._reader: asyncio.Task | None = None
+
+    def open(self, sink: Sink) -> str:
+        """A new reply channel whose messages go to ``sink`` (called on the event loop with
+        each batch of messages for it, in send order; it must not block)."""
+        channel = self.group + uuid.uuid4().hex
+        self._sinks[channel] = sink
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.ensure_future(self._read())
+        return channel
+
+    def close(self, channel: str) -> None:
+        """Stop delivering to ``channel`` (later messages for it are dropped)."""
+        self._sinks.pop(channel, None)
+
+    async def _read(self) -> None:
+        connection = self.layer.connection(self._index)
+        while True:
+            try:
+                popped = await connection.bzpopmin(self._key, timeout=READ_TIMEOUT)
+            except RedisError as error:
+                logger.warning("reading reply channels failed: %s", error)
+                await asyncio.sleep(RETRY_DELAY)
+                continue
+            if popped is not None:
+                self._dispatch(self.layer.deserialize(popped[1]))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("type") == BATCH_TYPE:
+            routed = message["messages"].items()
+        else:  # one message sent with the layer's own send()
+            routed = [(message.pop("__asgi_channel__", None), [message])]
+        for channel, messages in routed:
+            sink = self._sinks.get(channel)
+            if sink is not None:
+                try:
+                    sink(messages)
+                except Exception:  # one broken stream must not stop the others' deliveries
+                    logger.exception("delivering to %s failed", channel)
+
+
+_routers: dict[int, ReplyRouter] = {}
+
+
+def reply_router() -> ReplyRouter:
+    """This process's router for the running event loop."""
+    loop = asyncio.get_running_loop()
+    router = _routers.get(id(loop))
+    if router is None:
+        router = _routers[id(loop)] = ReplyRouter(get_channel_layer(), loop)
+    return router
