@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from step_profile import PhaseTimers, kernel_table
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import LLM, SamplingParams  # noqa: E402
@@ -64,6 +66,7 @@ def run_tessera(args, prompts, outputs) -> dict:
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
     produced, steps, occupancy, metrics = 0, 0, [], {}
     engine.device_wait_seconds = 0.0
+    timers = PhaseTimers(engine) if args.phase_timers else None
     start = time.perf_counter()
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), prompt, sp)
@@ -82,6 +85,7 @@ def run_tessera(args, prompts, outputs) -> dict:
     tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[int(k)] - 1, 1) for k, m in metrics.items())
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
             "device_wait_s": engine.device_wait_seconds,
+            "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
             "kv_slot_occupancy_min": min(occupancy, default=None),
@@ -89,6 +93,28 @@ def run_tessera(args, prompts, outputs) -> dict:
             "weights_bytes": engine.runner.weights_bytes, "kv_bytes_per_token": engine.runner.bytes_per_block
             // engine.config.cache.block_size, "hf_config": engine.config.hf_config,
             "hf_model_dir": engine.config.model_dir, "device": engine.config.device, "dtype": str(engine.config.dtype)}
+
+
+def profile_steps(args, prompts, outputs) -> dict:
+    """Kernel table of ``--profile-steps`` steps taken once every prompt has been prefilled."""
+    llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager)
+    engine = llm.llm_engine
+    for i, (prompt, n) in enumerate(zip(prompts, outputs)):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    while engine.scheduler.num_waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+
+    def run() -> None:
+        for _ in range(args.profile_steps):
+            engine.step()
+    table = kernel_table(run)
+    table["steps"] = args.profile_steps
+    table["running"] = engine.get_stats().num_running
+    return table
 
 
 def roofline(ours: dict, prompts, outputs, copy_gbps: float, matmul_tflops: float) -> dict:
@@ -152,6 +178,9 @@ def main() -> None:
     parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random")
     parser.add_argument("--copy-gbps", type=float, default=4250.0, help="measured copy bandwidth (roofline)")
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
+    parser.add_argument("--phase-timers", action="store_true", help="report host seconds per step phase")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="instead of the measured run: a CUDA kernel table of this many steps after all prompts are prefilled")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
@@ -162,11 +191,19 @@ def main() -> None:
               "machine": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
               "workload": {"model": args.model, "num_prompts": len(prompts), "input_tokens": sum(map(len, prompts)),
                            "requested_output_tokens": sum(outputs)}}
+    if args.profile_steps:  # a run of its own: the profiler's overhead would distort the figures
+        result["kernel_profile"] = prof = profile_steps(args, prompts, outputs)
+        for k in prof["kernels"][:15]:
+            print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
+        Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+        return
     result["tessera"] = ours = run_tessera(args, prompts, outputs)
     result["roofline"] = roof = roofline(ours, prompts, outputs, args.copy_gbps, args.matmul_tflops)
     print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s, {ours['steps']} steps)")
     print(f"  median TTFT {ours['median_ttft_s']:.3f} s, median TPOT {ours['median_tpot_ms']:.2f} ms, "
           f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms")
+    if ours["phase_seconds"]:
+        print("  host seconds per phase:", ours["phase_seconds"])
     if ours["kv_slot_occupancy_min"] is not None:
         print(f"  KV slots holding live tokens while nothing waits: min {100 * ours['kv_slot_occupancy_min']:.1f}%, "
               f"mean {100 * ours['kv_slot_occupancy_mean']:.1f}%")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import time
 
 import openai
 import pytest
@@ -36,15 +37,20 @@ def test_requests_per_minute_is_atomic_across_web_processes(tenant_web, second_w
     team = make_tenant(requests_per_minute=5)
     headers = {"X-Tenant-ID": team.slug}
     urls = [tenant_web.base_url, second_web.base_url] * 8
+    started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda url: completion(url, headers, max_tokens=1), urls))
-    assert sorted(r[0] for r in results).count(200) == 5, [r[0] for r in results]
+    # The bucket holds 5 and refills one request every 12 s: on a slow machine the 16 admissions
+    # can spread over more than 12 s, and each full 12 s admits one more, never more than that.
+    refills = int((time.monotonic() - started) / 12)
+    admitted = [r[0] for r in results].count(200)
+    assert 5 <= admitted <= 5 + refills, ([r[0] for r in results], refills)
     refused = [r for r in results if r[0] != 200]
-    assert len(refused) == 11
+    assert len(refused) == 16 - admitted
     for result in refused:
         assert 1 <= _rate_limited(result, "requests") <= 12  # the next request is back within 60/5 s
     usage = wait_usage(team, 16)
-    assert usage["errors_rate_limited"] == 11 and usage["requests"] == 16
+    assert usage["errors_rate_limited"] == len(refused) and usage["requests"] == 16
 
 
 def test_openai_sdk_sees_a_rate_limit_error(tenant_web):

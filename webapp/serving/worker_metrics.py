@@ -31,7 +31,8 @@ HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bou
     "request_queue_time_seconds": E2E_BUCKETS,
     "request_prefill_time_seconds": E2E_BUCKETS,
 }
-ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total")  # engine stats
+ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",  # engine stats
+                   "prefix_cache_queries_total", "prefix_cache_hits_total", "num_swapped_out_total")
 SUCCESS_PREFIX = "request_success:"  # + finish reason
 
 

@@ -1,0 +1,62 @@
+"""Where a step's time goes: host-side phase timers and a CUDA kernel table (benchmark-only).
+
+``PhaseTimers(engine)`` wraps the engine's step phases (wait for the device, bookkeeping of
+sampled tokens, schedule, prepare-and-launch, detokenize) with wall-clock accumulators, in
+seconds; the engine's code is untouched. ``kernel_table(...)`` runs a callable under
+``torch.profiler`` and returns the kernels that took the most device time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+
+class PhaseTimers:
+    """Accumulated wall-clock seconds per phase of ``LLMEngine.step()``.
+
+    ``finish_inflight`` includes the wait for the device (also reported as ``device_wait``);
+    ``host_bookkeeping`` is the difference.
+    """
+
+    def __init__(self, engine) -> None:
+        self.seconds: dict[str, float] = {}
+        self._engine = engine
+        self._wrap(engine, "_finish_inflight", "finish_inflight")
+        self._wrap(engine.scheduler, "schedule", "schedule")
+        self._wrap(engine.runner, "execute_async", "prepare_and_launch")
+        self._wrap(engine, "_detokenize", "detokenize")
+
+    def _wrap(self, owner, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+        self.seconds[name] = 0.0
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+        setattr(owner, attr, timed)
+
+    def report(self) -> dict[str, float]:
+        out = dict(self.seconds)
+        out["device_wait"] = self._engine.device_wait_seconds
+        out["host_bookkeeping"] = out["finish_inflight"] - out["device_wait"]
+        return {k: round(v, 4) for k, v in out.items()}
+
+
+def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
+    """Run ``fn`` under the profiler; the ``top`` kernels by total device time (ms) and their share."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+            or getattr(e, "self_device_time_total", 0) > 0]
+    rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in rows) or 1.0
+    return {"device_ms_total": total / 1000,
+            "kernels": [{"name": e.key[:120], "calls": e.count, "device_ms": round(e.self_device_time_total / 1000, 3),
+                         "share": round(e.self_device_time_total / total, 4)} for e in rows[:top]]}
