@@ -2,7 +2,10 @@
 and between the KV cache and the CPU swap space (swap preemption)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from ..host_to_device import to_device
 
 
 def copy_blocks(kv_caches: list[torch.Tensor], pairs: list[tuple[int, int]], device: str) -> None:
@@ -13,8 +16,8 @@ def copy_blocks(kv_caches: list[torch.Tensor], pairs: list[tuple[int, int]], dev
         pairs: ``(source, destination)`` block ids; every source is read before any destination
             is written, so a block may be both.
     """
-    src = torch.tensor([s for s, _ in pairs], dtype=torch.long).to(device, non_blocking=True)
-    dst = torch.tensor([d for _, d in pairs], dtype=torch.long).to(device, non_blocking=True)
+    src, dst = to_device([np.array([s for s, _ in pairs], np.int64), np.array([d for _, d in pairs], np.int64)],
+                         device)
     for cache in kv_caches:
         cache.index_copy_(1, dst, cache.index_select(1, src))
 

@@ -14,6 +14,7 @@ import torch
 
 from ..attention import AttentionMetadata, PrefillSegment
 from ..core.scheduler_output import SchedulerOutput
+from ..host_to_device import to_device
 
 
 @dataclass
@@ -47,10 +48,6 @@ class _HostBatch:
     tables: list[list[int]]    # B block tables (unpadded)
     logits_rows: np.ndarray    # [N] int64
     prompt_rows: dict[str, tuple[int, list[int]]]
-
-
-def _to_device(array: np.ndarray, device: str) -> torch.Tensor:
-    return torch.from_numpy(array).to(device, non_blocking=True)
 
 
 def padded_block_tables(tables: list[list[int]], dtype=np.int32) -> np.ndarray:
@@ -102,19 +99,25 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch") -> ModelInput:
-    """Build the inputs of a step: tokens of every scheduled request back to back, no padding."""
+    """Build the inputs of a step: tokens of every scheduled request back to back, no padding.
+
+    All host arrays of the step reach the device in one asynchronous copy from pinned memory
+    (``to_device``), so preparing step N+1 never waits for step N to finish on the device.
+    """
     host = _host_batch(out, block_size)
+    common = [host.input_ids, host.positions, host.slots, host.logits_rows]
     if backend == "torch":
-        meta = _torch_metadata(host, block_size, device)
+        extra, build = _torch_metadata_arrays(host)
     else:
-        meta = _triton_metadata(host, block_size, device)
-    meta.slot_mapping = _to_device(host.slots, device)
-    return ModelInput(_to_device(host.input_ids, device), _to_device(host.positions, device), meta,
-                      _to_device(host.logits_rows, device), host.prompt_rows)
+        extra, build = _triton_metadata_arrays(host)
+    input_ids, positions, slots, logits_rows, *rest = to_device(common + extra, device)
+    meta = build(rest, block_size)
+    meta.slot_mapping = slots
+    return ModelInput(input_ids, positions, meta, logits_rows, host.prompt_rows)
 
 
-def _torch_metadata(host: _HostBatch, block_size: int, device: str) -> AttentionMetadata:
-    decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
+def _torch_metadata_arrays(host: _HostBatch):
+    decode_rows, decode_tables, decode_lens, prefill_spans, prefill_tables = [], [], [], [], []
     starts = host.starts.tolist()
     for i, (table, ctx) in enumerate(zip(host.tables, host.contexts.tolist())):
         start, end = starts[i], starts[i + 1]
@@ -123,24 +126,34 @@ def _torch_metadata(host: _HostBatch, block_size: int, device: str) -> Attention
             decode_tables.append(table)
             decode_lens.append(ctx + 1)
         else:
-            prefills.append(PrefillSegment(start, end, ctx, _to_device(np.asarray(table, dtype=np.int64), device)))
-    return AttentionMetadata(
-        slot_mapping=None, decode_indices=_to_device(np.asarray(decode_rows, dtype=np.int64), device),
-        decode_block_tables=_to_device(padded_block_tables(decode_tables, np.int64), device),
-        decode_seq_lens=_to_device(np.asarray(decode_lens, dtype=np.int64), device), prefills=prefills,
-        block_size=block_size)
+            prefill_spans.append((start, end, ctx))
+            prefill_tables.append(np.asarray(table, dtype=np.int64))
+    arrays = [np.asarray(decode_rows, dtype=np.int64), padded_block_tables(decode_tables, np.int64),
+              np.asarray(decode_lens, dtype=np.int64), *prefill_tables]
+
+    def build(tensors: list[torch.Tensor], block_size: int) -> AttentionMetadata:
+        rows, tables, lens, *prefill = tensors
+        return AttentionMetadata(
+            slot_mapping=None, decode_indices=rows, decode_block_tables=tables, decode_seq_lens=lens,
+            prefills=[PrefillSegment(*span, table) for span, table in zip(prefill_spans, prefill)],
+            block_size=block_size)
+    return arrays, build
 
 
-def _triton_metadata(host: _HostBatch, block_size: int, device: str) -> AttentionMetadata:
+def _triton_metadata_arrays(host: _HostBatch):
     tables = padded_block_tables(host.tables)
     query_lens = np.diff(host.starts)
     seq_lens = host.contexts + query_lens
     max_query_len = int(query_lens.max()) if query_lens.size else 0
-    empty = torch.empty(0, dtype=torch.long, device=device)
-    return AttentionMetadata(
-        slot_mapping=None, decode_indices=empty, decode_block_tables=empty, decode_seq_lens=empty, prefills=[],
-        block_size=block_size, backend="triton",
-        block_tables=_to_device(tables, device), seq_lens=_to_device(seq_lens.astype(np.int32), device),
-        context_lens=_to_device(host.contexts, device), cu_seqlens_q=_to_device(host.starts, device),
-        max_query_len=max_query_len, max_seq_len=tables.shape[1] * block_size,
-        decode_only=max_query_len == 1)
+    arrays = [tables, seq_lens.astype(np.int32), host.contexts, host.starts]
+
+    def build(tensors: list[torch.Tensor], block_size: int) -> AttentionMetadata:
+        block_tables, seq_lens_t, context_lens, cu_seqlens_q = tensors
+        empty = block_tables.new_empty(0, dtype=torch.long)
+        return AttentionMetadata(
+            slot_mapping=None, decode_indices=empty, decode_block_tables=empty, decode_seq_lens=empty,
+            prefills=[], block_size=block_size, backend="triton", block_tables=block_tables,
+            seq_lens=seq_lens_t, context_lens=context_lens, cu_seqlens_q=cu_seqlens_q,
+            max_query_len=max_query_len, max_seq_len=tables.shape[1] * block_size,
+            decode_only=max_query_len == 1)
+    return arrays, build

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
+from ..host_to_device import tensor_to_device
 from ..core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
 from ..model_loader import iter_weights
@@ -102,8 +103,8 @@ class ModelRunner:
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
         (detokenizing the previous step) while the device runs this one.
         """
-        # Every host-to-device copy of the step happens before its first kernel: a copy from pageable
-        # memory waits for the stream, so one issued after the forward would wait for the forward.
+        # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
+        # pageable memory would wait for the stream, i.e. for the previous step still running.
         self.apply_block_ops(sched_out)
         inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
         sampling = [s.request for s in sched_out.scheduled if s.samples]
@@ -143,7 +144,7 @@ class ModelRunner:
             first, scored = inputs.prompt_logprob_rows[req.request_id]
             rows = hidden[first:first + len(scored)]
             logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
-            targets = torch.tensor([req.prompt_token_ids[p] for p in scored], device=logprobs.device)
+            targets = tensor_to_device(torch.tensor([req.prompt_token_ids[p] for p in scored]), logprobs.device)
             ids, values, ranks = compute_topk_logprobs(logprobs, targets, req.sampling_params.prompt_logprobs)
             result[req.request_id] = (ids, values, ranks)
         return result

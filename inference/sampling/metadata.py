@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..host_to_device import to_device
 from ..request import Request
 
 
@@ -45,9 +47,6 @@ class SamplingMetadata:
     def from_requests(cls, requests: list[Request], vocab_size: int, device: str) -> "SamplingMetadata":
         params = [r.sampling_params for r in requests]
 
-        def tensor(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=device)
-
         greedy = [p.greedy for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         penalised = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
@@ -58,19 +57,23 @@ class SamplingMetadata:
                 stop_ids += list(p.eos_token_ids)
             banned.append(stop_ids if r.num_output_tokens < p.min_tokens else [])
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        f32 = np.float32
+        arrays = [np.array([1.0 if g else p.temperature for g, p in zip(greedy, params)], f32),
+                  np.array([p.top_p for p in params], f32), np.array(top_k, np.int64),
+                  np.array([p.min_p for p in params], f32), np.array(greedy, np.bool_)]
+        if penalised:
+            arrays += [np.array([p.presence_penalty for p in params], f32),
+                       np.array([p.frequency_penalty for p in params], f32),
+                       np.array([p.repetition_penalty for p in params], f32)]
+        temperature, top_p, top_k_t, min_p, greedy_t, *penalties = to_device(arrays, device)
+        presence, frequency, repetition = penalties if penalised else (None, None, None)
         return cls(
-            temperature=tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)]),
-            top_p=tensor([p.top_p for p in params]),
-            top_k=tensor(top_k, torch.int64),
-            min_p=tensor([p.min_p for p in params]),
-            greedy=tensor(greedy, torch.bool),
+            temperature=temperature, top_p=top_p, top_k=top_k_t, min_p=min_p, greedy=greedy_t,
             all_greedy=all(greedy),
             needs_top_k_top_p=any(not g and (p.top_p < 1.0 or k < vocab_size)
                                   for g, p, k in zip(greedy, params, top_k)),
             needs_min_p=any(not g and p.min_p > 0 for g, p in zip(greedy, params)),
-            presence=tensor([p.presence_penalty for p in params]) if penalised else None,
-            frequency=tensor([p.frequency_penalty for p in params]) if penalised else None,
-            repetition=tensor([p.repetition_penalty for p in params]) if penalised else None,
+            presence=presence, frequency=frequency, repetition=repetition,
             output_ids=[r.output_token_ids for r in requests] if penalised else None,
             prompt_ids=[r.prompt_token_ids for r in requests] if penalised else None,
             logit_bias=[p.logit_bias for p in params],

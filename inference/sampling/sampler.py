@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..host_to_device import tensor_to_device, to_device
 from .metadata import SamplingMetadata
 
 
@@ -74,13 +76,13 @@ class Sampler:
         vocab = logits.shape[1]
         for row, bias in enumerate(meta.logit_bias):
             if bias:
-                ids = torch.tensor([t for t in bias if 0 <= t < vocab], dtype=torch.long, device=logits.device)
-                vals = torch.tensor([bias[t] for t in bias if 0 <= t < vocab], dtype=logits.dtype,
-                                    device=logits.device)
-                logits[row].index_add_(0, ids, vals)
+                kept = [t for t in bias if 0 <= t < vocab]
+                ids, vals = to_device([np.array(kept, np.int64), np.array([bias[t] for t in kept], np.float32)],
+                                      logits.device)
+                logits[row].index_add_(0, ids, vals.to(logits.dtype))
         for row, banned in enumerate(meta.min_tokens_mask):
             if banned:
-                logits[row, banned] = float("-inf")
+                logits[row].index_fill_(0, tensor_to_device(torch.tensor(banned), logits.device), float("-inf"))
         return logits
 
     @staticmethod
@@ -91,7 +93,8 @@ class Sampler:
             padded = torch.full((len(rows), width), vocab, dtype=torch.long)
             for i, r in enumerate(rows):
                 padded[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            counts.scatter_add_(1, padded.to(device), torch.ones_like(padded, dtype=counts.dtype, device=device))
+            padded = tensor_to_device(padded, device)
+            counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
         return counts[:, :vocab]
 
     def _apply_penalties(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -124,6 +127,6 @@ class Sampler:
             probs = probs.masked_fill(probs < threshold, 0.0)
         noise = torch.empty_like(probs).exponential_()
         for row, generator in meta.generators.items():
-            noise[row] = torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(
-                generator=generator).to(probs.device)
+            noise[row] = tensor_to_device(torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(
+                generator=generator), probs.device)
         return (probs / noise).argmax(dim=-1)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -83,7 +84,12 @@ class WorkerIO(threading.Thread):
     def stop(self, timeout: float = 5.0) -> None:
         """Flush what is queued, remove the heartbeat, end the thread."""
         if self.is_alive():
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout)
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+            try:
+                done.result(timeout)
+            except (TimeoutError, concurrent.futures.TimeoutError):
+                done.cancel()  # the heartbeat then expires by itself (its TTL) instead of being removed
+                logger.warning("the I/O thread did not flush and deregister within %.0f s; stopping anyway", timeout)
             self.join(timeout)
 
     # ---- the loop ------------------------------------------------------------------
