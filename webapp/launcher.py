@@ -34,11 +34,11 @@ class Child:
     """A child process started in its own session, stopped with SIGTERM then SIGKILL."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-                 log_path: str | None = None) -> None:
+                 log_path: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.argv = argv
         self._log = open(log_path, "ab") if log_path else None
-        self.proc = subprocess.Popen(argv, env=env, cwd=BASE_DIR, start_new_session=True,
+        self.proc = subprocess.Popen(argv, env=env, cwd=BASE_DIR, start_new_session=True, pass_fds=pass_fds,
                                      stdout=self._log, stderr=subprocess.STDOUT if self._log else None)
 
     @property
@@ -101,10 +101,27 @@ def start_worker(engine_argv: list[str], env: dict[str, str], log_path: str | No
     return Child("worker", [sys.executable, MANAGE, "worker", *engine_argv], env=env, log_path=log_path)
 
 
-def start_daphne(host: str, port: int, env: dict[str, str], log_path: str | None = None) -> Child:
-    """Daphne serving the ASGI app on ``host:port``."""
-    return Child("daphne", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "--proxy-headers",
-                            "webapp.asgi:application"], env=env, log_path=log_path)
+def start_daphne(host: str, port: int, env: dict[str, str], log_path: str | None = None,
+                 fd: int | None = None) -> Child:
+    """Daphne serving the ASGI app on ``host:port``, or accepting from the listening socket ``fd``."""
+    where = ["--fd", str(fd)] if fd is not None else ["-b", host, "-p", str(port)]
+    return Child("daphne", [sys.executable, "-m", "daphne", *where, "--proxy-headers", "webapp.asgi:application"],
+                 env=env, log_path=log_path, pass_fds=(fd,) if fd is not None else ())
+
+
+def start_web(host: str, port: int, env: dict[str, str], count: int = 1) -> list[Child]:
+    """``count`` Daphne processes serving ``host:port``.
+
+    With several, this process binds the listening socket and each Daphne accepts from it
+    (``--fd``); the kernel spreads connections over them, like vLLM's ``--api-server-count``.
+    Each web process has its own reply router; limits and metrics live in Redis, so they hold
+    across processes.
+    """
+    if count == 1:
+        return [start_daphne(host, port, env)]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.create_server((host, port), family=family, backlog=4096) as listener:
+        return [start_daphne(host, port, env, fd=listener.fileno()) for _ in range(count)]
 
 
 def wait_until_live(base_url: str, timeout: float, children: list[Child] = ()) -> None:

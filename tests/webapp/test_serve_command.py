@@ -53,7 +53,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port),
                               "--max-model-len", "2048", "--kv-cache-space", "0.25", "--log-level", "warning",
-                              "--tenant-id", "team1=30%", "--tenant-id", "team2=70%"],
+                              "--tenant-id", "team1=30%", "--tenant-id", "team2=70%", "--api-server-count", "2"],
                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
     try:
         deadline = time.monotonic() + 300
@@ -63,7 +63,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
             time.sleep(0.2)
         children = _children(serve.pid)
         commands = " | ".join(children.values())
-        assert "redis-server" in commands and " worker " in commands and "daphne" in commands, commands
+        assert "redis-server" in commands and " worker " in commands, commands
+        assert sum("daphne" in c for c in children.values()) == 2, commands  # --api-server-count 2
 
         import openai
 

@@ -46,6 +46,9 @@ class Command(BaseCommand):
                             choices=["debug", "info", "warning", "error", "critical"])
         parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                             help="Engine workers to start (each hosts one engine).")
+        parser.add_argument("--api-server-count", type=int, default=1,
+                            help="Web (Daphne) processes sharing the port; more keep up with more streamed "
+                                 "tokens per second.")
 
     def handle(self, *args, **options) -> None:
         engine_args = engine_args_from_options(options)
@@ -57,6 +60,8 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         if options["data_parallel_size"] < 1:
             raise CommandError("--data-parallel-size must be at least 1.")
+        if not 1 <= options["api_server_count"] <= 64:
+            raise CommandError(f"--api-server-count must be between 1 and 64, got {options['api_server_count']}.")
         try:
             tenant_specs = [parse_tenant_spec(text) for text in options["tenant_id"]]
         except ValueError as error:
@@ -96,7 +101,7 @@ class Command(BaseCommand):
             TESSERA_LOG_LEVEL=options["log_level"].upper())
         for _ in range(options["data_parallel_size"]):
             children.append(launcher.start_worker(engine_argv(engine_args), env))
-        children.append(launcher.start_daphne(options["host"], options["port"], env))
+        children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
         host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
         base_url = f"http://{host}:{options['port']}"
         try:
