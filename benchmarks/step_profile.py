@@ -27,6 +27,18 @@ class PhaseTimers:
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "execute_async", "prepare_and_launch")
         self._wrap(engine, "_detokenize", "detokenize")
+        # inside prepare_and_launch
+        from inference.runner import model_runner
+        from inference.sampling import SamplingMetadata
+        runner = engine.runner
+        self._wrap(model_runner, "prepare_inputs", "launch.prepare_inputs")
+        self._wrap(SamplingMetadata, "from_requests", "launch.sampling_metadata")
+        self._wrap(model_runner, "StepHandle", "launch.step_handle")
+        self._wrap(runner, "sampler", "launch.sampler")
+        self._wrap(runner.model, "forward", "launch.eager_forward")
+        self._wrap(runner.model, "compute_logits", "launch.compute_logits")
+        if runner.graph_runner is not None:
+            self._wrap(runner.graph_runner, "run", "launch.graph_replay")
 
     def _wrap(self, owner, attr: str, name: str) -> None:
         inner = getattr(owner, attr)
@@ -53,10 +65,14 @@ def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+    events = prof.key_averages()
+    runtime = sorted((e for e in events if e.key.startswith(("cuda", "cu"))), key=lambda e: e.self_cpu_time_total,
+                     reverse=True)[:12]
+    rows = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
             or getattr(e, "self_device_time_total", 0) > 0]
     rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in rows) or 1.0
     return {"device_ms_total": total / 1000,
             "kernels": [{"name": e.key[:120], "calls": e.count, "device_ms": round(e.self_device_time_total / 1000, 3),
-                         "share": round(e.self_device_time_total / total, 4)} for e in rows[:top]]}
+                         "share": round(e.self_device_time_total / total, 4)} for e in rows[:top]],
+            "runtime_calls_host_ms": {e.key: round(e.self_cpu_time_total / 1000, 3) for e in runtime}}

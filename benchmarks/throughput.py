@@ -195,6 +195,7 @@ def main() -> None:
         result["kernel_profile"] = prof = profile_steps(args, prompts, outputs)
         for k in prof["kernels"][:15]:
             print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
+        print("  CUDA runtime calls, host ms:", prof["runtime_calls_host_ms"])
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
     result["tessera"] = ours = run_tessera(args, prompts, outputs)

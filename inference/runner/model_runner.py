@@ -56,6 +56,7 @@ class ModelRunner:
             self.cpu_kv_caches = [self._zeros((2, self.num_cpu_blocks, self.block_size, self.num_kv_heads,
                                                self.head_dim), cpu=True) for _ in range(self.num_layers)]
         self.sampler = Sampler()
+        self._sampling_cache: tuple[list, SamplingMetadata] | None = None
         self.attention_backend = resolve_backend(config.attention_backend, self.device)
         self.graph_runner = None
         self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
@@ -110,7 +111,7 @@ class ModelRunner:
         sampling = [s.request for s in sched_out.scheduled if s.samples]
         if any(s.forks for s in sched_out.scheduled):  # parallel samples sample beside their leader
             sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
-        sampling_meta = SamplingMetadata.from_requests(sampling, self.vocab_size, self.device) if sampling else None
+        sampling_meta = self._sampling_metadata(sampling) if sampling else None
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
             inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
@@ -125,6 +126,18 @@ class ModelRunner:
             sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
+
+    def _sampling_metadata(self, requests: list) -> SamplingMetadata:
+        """The step's sampling tensors; reused while the same requests sample in the same order
+        and nothing in them changes from step to step (no penalties, no pending ``min_tokens``),
+        as in a steady stream of decode steps."""
+        cached = self._sampling_cache
+        if (cached is not None and len(cached[0]) == len(requests)
+                and all(a is b for a, b in zip(cached[0], requests))):
+            return cached[1]
+        meta = SamplingMetadata.from_requests(requests, self.vocab_size, self.device)
+        self._sampling_cache = (requests, meta) if meta.step_invariant else None
+        return meta
 
     def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
         """Swap out, copy on write, swap in (in that order: each reads blocks a later one may write)."""

@@ -23,6 +23,8 @@ class SamplingMetadata:
         min_tokens_mask: per row the token ids banned because ``min_tokens`` is not reached yet.
         generators: row -> ``torch.Generator`` for seeded rows.
         max_num_logprobs: largest ``logprobs`` asked for, or None.
+        step_invariant: nothing here depends on the tokens generated so far (no penalties, no
+            ``min_tokens`` ban), so the same requests in the next step get the same metadata.
     """
 
     temperature: torch.Tensor
@@ -42,6 +44,7 @@ class SamplingMetadata:
     min_tokens_mask: list[list[int]]
     generators: dict[int, torch.Generator]
     max_num_logprobs: int | None
+    step_invariant: bool = False
 
     @classmethod
     def from_requests(cls, requests: list[Request], vocab_size: int, device: str) -> "SamplingMetadata":
@@ -80,4 +83,5 @@ class SamplingMetadata:
             min_tokens_mask=banned,
             generators={i: r.generator for i, r in enumerate(requests) if r.generator is not None},
             max_num_logprobs=max(logprobs) if logprobs else None,
+            step_invariant=not penalised and not any(banned),
         )
