@@ -4,6 +4,8 @@
 
 1. CUDA graphs vs eager (same Triton kernels, bf16): greedy tokens must be identical.
 2. Triton vs the PyTorch reference backend (float32): greedy tokens and the largest logprob difference.
+3. Async scheduling vs synchronous steps (bf16, graphs, requests of different output lengths):
+   greedy tokens must be identical.
 Writes JSON with the command to benchmarks/results/gpu_check.json (or --output-json).
 """
 from __future__ import annotations
@@ -23,15 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 
 
-def run(model: str, prompts, max_tokens: int, **kwargs):
+def run(model: str, prompts, max_tokens: int | list[int], **kwargs):
     llm = LLM(model=model, load_format="dummy", max_model_len=1024, max_num_seqs=64, **kwargs)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0) for n in lengths]
+    ahead_before = llm.llm_engine.num_steps_ahead
     start = time.perf_counter()
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     tokens = [o.outputs[0].token_ids for o in outs]
     logprobs = [[next(iter(e.values())).logprob for e in o.outputs[0].logprobs] for o in outs]
     free_ok = llm.llm_engine.kv_cache_manager.num_free_blocks == llm.llm_engine.kv_cache_manager.num_blocks
+    run.steps_ahead = llm.llm_engine.num_steps_ahead - ahead_before
     del llm
     torch.cuda.empty_cache()
     return tokens, logprobs, elapsed, free_ok
@@ -69,6 +74,13 @@ def main() -> None:
     tri = run(args.model, prompts[:8], 16, dtype="float32", attention_backend="triton", enforce_eager=False)
     result["triton_vs_torch_fp32"] = compare(tri, ref)
     print("Triton vs torch (fp32):", result["triton_vs_torch_fp32"])
+    lengths = [rng.randint(8, args.max_tokens) for _ in prompts]
+    sync = run(args.model, prompts, lengths, dtype="bfloat16", async_scheduling=False)
+    ahead = run(args.model, prompts, lengths, dtype="bfloat16", async_scheduling=True)
+    result["async_vs_sync_bf16"] = compare(ahead, sync) | {"steps_launched_ahead": run.steps_ahead,
+                                                            "blocks_returned": sync[3] and ahead[3]}
+    print("async vs sync scheduling:", {k: v for k, v in result["async_vs_sync_bf16"].items()
+                                        if k != "first_divergence"})
     out = Path(args.output_json) if args.output_json else Path(__file__).resolve().parent / "results" / "gpu_check.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 

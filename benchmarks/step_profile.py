@@ -75,4 +75,6 @@ def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
     return {"device_ms_total": total / 1000,
             "kernels": [{"name": e.key[:120], "calls": e.count, "device_ms": round(e.self_device_time_total / 1000, 3),
                          "share": round(e.self_device_time_total / total, 4)} for e in rows[:top]],
-            "runtime_calls_host_ms": {e.key: round(e.self_cpu_time_total / 1000, 3) for e in runtime}}
+            "runtime_calls_host_ms": {e.key: round(e.self_cpu_time_total / 1000, 3) for e in runtime},
+            "host_ops_self_ms": {e.key: round(e.self_cpu_time_total / 1000, 3) for e in sorted(
+                events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]}}

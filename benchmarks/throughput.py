@@ -60,7 +60,8 @@ def run_tessera(args, prompts, outputs) -> dict:
     """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
     llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager)
+              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
+              async_scheduling=args.async_scheduling)
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
@@ -70,21 +71,28 @@ def run_tessera(args, prompts, outputs) -> dict:
     start = time.perf_counter()
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), prompt, sp)
+    decode_steps = []  # wall seconds of steps taken once every prompt is admitted
+    last = time.perf_counter()
     while engine.has_unfinished_requests():
         for out in engine.step():
             produced += sum(len(o.token_ids) for o in out.outputs)
             if out.finished:
                 metrics[out.request_id] = out.metrics
         steps += 1
+        now = time.perf_counter()
         stats = engine.get_stats()
         if stats.num_waiting == 0 and stats.num_allocated_slots:
             occupancy.append(stats.num_live_tokens / stats.num_allocated_slots)
+            decode_steps.append(now - last)
+        last = now
     elapsed = time.perf_counter() - start
     assert produced == sum(outputs), "the engine produced a different number of tokens than requested"
     ttft = sorted(m["first_token"] - m["arrival"] for m in metrics.values())
     tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[int(k)] - 1, 1) for k, m in metrics.items())
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
             "device_wait_s": engine.device_wait_seconds,
+            "median_step_ms_all_admitted": 1000 * sorted(decode_steps)[len(decode_steps) // 2] if decode_steps else None,
+            "steps_launched_ahead": engine.num_steps_ahead,
             "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
@@ -172,6 +180,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
@@ -196,13 +205,15 @@ def main() -> None:
         for k in prof["kernels"][:15]:
             print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
         print("  CUDA runtime calls, host ms:", prof["runtime_calls_host_ms"])
+        print("  host ops, self ms:", prof["host_ops_self_ms"])
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
     result["tessera"] = ours = run_tessera(args, prompts, outputs)
     result["roofline"] = roof = roofline(ours, prompts, outputs, args.copy_gbps, args.matmul_tflops)
     print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s, {ours['steps']} steps)")
     print(f"  median TTFT {ours['median_ttft_s']:.3f} s, median TPOT {ours['median_tpot_ms']:.2f} ms, "
-          f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms")
+          f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms; median step once all are admitted "
+          f"{ours['median_step_ms_all_admitted']:.2f} ms; {ours['steps_launched_ahead']} steps launched ahead")
     if ours["phase_seconds"]:
         print("  host seconds per phase:", ours["phase_seconds"])
     if ours["kv_slot_occupancy_min"] is not None:

@@ -78,6 +78,9 @@ class SchedulerConfig:
             ties by arrival; preemption takes the lowest priority first).
         preemption_mode: ``"recompute"`` (drop the KV, recompute on resume) or ``"swap"`` (copy the
             KV blocks to the CPU swap space and back; recompute when the swap space is full).
+        async_scheduling: in a steady run of decode steps, schedule and launch step N+1 before the
+            tokens of step N are back, feeding it N's tokens on the device (vLLM's
+            ``--async-scheduling``), so the device never waits for the host between steps.
     """
 
     max_num_seqs: int = 256
@@ -86,6 +89,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)

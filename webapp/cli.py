@@ -42,6 +42,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--block-size": ("block_size", {"type": int, "default": 16, "help": "Tokens per KV block."}),
     "--seed": ("seed", {"type": int, "default": 0, "help": "Engine random seed."}),
     "--enforce-eager": ("enforce_eager", {"action": "store_true", "help": "Never capture CUDA graphs."}),
+    "--async-scheduling": ("async_scheduling", {"action": argparse.BooleanOptionalAction, "default": None,
+                                                "help": "Schedule decode step N+1 while step N runs (default: on "
+                                                        "a GPU with one rank and prefix caching off)."}),
 }
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
 
@@ -70,7 +73,7 @@ def engine_argv(args: EngineArgs) -> list[str]:
         if kwargs.get("action") == "store_true":
             argv += [flag] if value else []
         elif kwargs.get("action") is argparse.BooleanOptionalAction:
-            argv += [flag if value else "--no-" + flag[2:]]
+            argv += [] if value is None else [flag if value else "--no-" + flag[2:]]
         elif value is not None:
             argv += [flag, str(value)]
     return argv

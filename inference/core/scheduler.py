@@ -164,6 +164,36 @@ class Scheduler:
         self.num_preemptions_total += 1
         self.policy.requeue(request)
 
+    # ---- scheduling ahead (async scheduling) -------------------------------------------
+    def can_schedule_ahead(self, prev: SchedulerOutput, max_model_len: int) -> bool:
+        """Whether the step after ``prev`` (still running on the device) is known without its
+        tokens: ``prev`` decoded every running request, in running order, nothing waits, and no
+        request can finish by length with ``prev``'s token. Then the next step decodes the same
+        requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
+        a stop string computes one token that is thrown away)."""
+        if self.num_waiting or prev.preempted_ids or len(self.running) != len(prev.scheduled):
+            return False
+        for item, request in zip(prev.scheduled, self.running):
+            if (item.request is not request or item.num_scheduled_tokens != 1 or not item.samples or item.forks
+                    or request.num_output_tokens + 1 >= request.sampling_params.max_tokens
+                    or request.num_tokens + 1 >= max_model_len):
+                return False
+        return True
+
+    def schedule_ahead(self, prev: SchedulerOutput) -> SchedulerOutput | None:
+        """The decode step after ``prev`` (after :meth:`can_schedule_ahead` and
+        ``update_after_step(prev)``): one token per request, whose input is the token ``prev``
+        samples on the device. None when the KV pool cannot hold the new tokens (the regular
+        :meth:`schedule` then preempts); slots already given stay with their requests."""
+        out = SchedulerOutput()
+        for item in prev.scheduled:
+            if not self.kv.allocate_slots(item.request, 1):
+                return None
+            out.scheduled.append(ScheduledRequest(item.request, 1, True))
+        ops = self.kv.take_block_ops()
+        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
+        return out
+
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step and register
         its newly completed blocks in the prefix cache."""

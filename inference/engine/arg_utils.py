@@ -23,7 +23,8 @@ class EngineArgs:
     Lengths are in tokens, memory in GiB or fractions. ``max_model_len=None`` takes the model's
     ``max_position_embeddings``; ``max_num_batched_tokens=None`` takes 2048 with chunked prefill,
     else ``max(max_model_len, 2048)``. ``num_kv_blocks`` overrides the profiled KV pool size
-    (vLLM's ``num_gpu_blocks_override``).
+    (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
+    where it pays and is supported: on a GPU, one rank, prefix caching off.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -49,6 +50,7 @@ class EngineArgs:
     enforce_eager: bool = False
     attention_backend: str = "auto"
     served_model_name: str | None = None
+    async_scheduling: bool | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -135,5 +137,13 @@ class EngineArgs:
                                       max_model_len=max_model_len,
                                       enable_chunked_prefill=self.enable_chunked_prefill,
                                       scheduling_policy=self.scheduling_policy,
-                                      preemption_mode=self.preemption_mode),
+                                      preemption_mode=self.preemption_mode,
+                                      async_scheduling=self._async_scheduling(device)),
         )
+
+    def _async_scheduling(self, device: str) -> bool:
+        supported = self.tensor_parallel_size == 1 and not self.enable_prefix_caching
+        if self.async_scheduling and not supported:
+            raise InvalidRequestError("async_scheduling needs tensor_parallel_size=1 and prefix caching off.",
+                                      param="async_scheduling")
+        return supported and device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling

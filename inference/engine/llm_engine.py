@@ -92,8 +92,9 @@ class LLMEngine:
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
         self._aborted_outputs: list[RequestOutput] = []
-        self._inflight = None  # (SchedulerOutput, StepHandle) of the launched, not yet collected step
+        self._inflight = None  # (SchedulerOutput, StepHandle, updated) of the launched, not yet collected step
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
+        self.num_steps_ahead = 0  # steps launched before the previous step's tokens were back
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -210,17 +211,37 @@ class LLMEngine:
             RuntimeError: the KV pool cannot hold even one waiting request.
         """
         outputs, self._aborted_outputs = self._aborted_outputs, []
+        ahead = self._launch_ahead()
         sampled = self._finish_inflight()
-        sched_out = self.scheduler.schedule()
-        if not sched_out.is_empty:
-            self._inflight = (sched_out, self.runner.execute_async(sched_out))
-        else:  # nothing runs; a step that preempted every running request still swaps
-            self.runner.apply_block_ops(sched_out)
-            if (not sampled and self.scheduler.num_unfinished and not self.scheduler.running
-                    and not sched_out.preempted_ids):
-                raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
+        if ahead is not None:
+            self._inflight = ahead
+        else:
+            sched_out = self.scheduler.schedule()
+            if not sched_out.is_empty:
+                self._inflight = (sched_out, self.runner.execute_async(sched_out), False)
+            else:  # nothing runs; a step that preempted every running request still swaps
+                self.runner.apply_block_ops(sched_out)
+                if (not sampled and self.scheduler.num_unfinished and not self.scheduler.running
+                        and not sched_out.preempted_ids):
+                    raise RuntimeError("Scheduler made no progress: KV pool too small for the waiting request")
         outputs.extend(self._detokenize(sampled))
         return outputs
+
+    def _launch_ahead(self):
+        """With async scheduling, launch the step after the one in flight before waiting for it
+        (see ``Scheduler.can_schedule_ahead``); returns the new in-flight entry, or None."""
+        if not self.config.scheduler.async_scheduling or self._inflight is None:
+            return None
+        sched_out, handle, updated = self._inflight
+        if updated or not self.scheduler.can_schedule_ahead(sched_out, self.max_model_len):
+            return None
+        self.scheduler.update_after_step(sched_out)
+        self._inflight = (sched_out, handle, True)
+        ahead = self.scheduler.schedule_ahead(sched_out)
+        if ahead is None:
+            return None
+        self.num_steps_ahead += 1
+        return ahead, self.runner.execute_async(ahead, input_ids=handle.device_token_ids), False
 
     def _finish_inflight(self) -> list[tuple]:
         """Step 1 of ``step()``: returns ``(parent, request, token_id, logprobs, status)`` per sampled token
@@ -228,12 +249,13 @@ class LLMEngine:
         ``(parent, request, None, prompt_logprobs, None)`` per prompt-logprob chunk."""
         if self._inflight is None:
             return []
-        sched_out, handle = self._inflight
+        sched_out, handle, updated = self._inflight
         self._inflight = None
         waited = time.perf_counter()
         runner_out = handle.result()
         self.device_wait_seconds += time.perf_counter() - waited
-        self.scheduler.update_after_step(sched_out)
+        if not updated:  # scheduling ahead already advanced the requests
+            self.scheduler.update_after_step(sched_out)
         sampled = iter(zip(runner_out.sampled_token_ids, runner_out.logprobs))
         result = []
         for item in sched_out.scheduled:

@@ -60,7 +60,7 @@ def padded_block_tables(tables: list[list[int]], dtype=np.int32) -> np.ndarray:
     return out
 
 
-def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
+def _host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> _HostBatch:
     num_reqs = len(out.scheduled)
     counts = np.fromiter((s.num_scheduled_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
     contexts = np.fromiter((s.request.num_computed_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
@@ -79,7 +79,7 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
         req, n, ctx, start = item.request, item.num_scheduled_tokens, int(contexts[i]), int(starts[i])
         tables.append(req.block_ids)
         if n == 1:
-            input_ids.append(req.all_token_ids[ctx])
+            input_ids.append(0 if ahead else req.all_token_ids[ctx])  # ahead: the device fills it in
             block_of_token[start] = req.block_ids[ctx // block_size]
         else:
             input_ids.extend(req.all_token_ids[ctx:ctx + n])
@@ -98,19 +98,25 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
                       contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows)
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch") -> ModelInput:
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch",
+                   input_ids: torch.Tensor | None = None) -> ModelInput:
     """Build the inputs of a step: tokens of every scheduled request back to back, no padding.
 
     All host arrays of the step reach the device in one asynchronous copy from pinned memory
     (``to_device``), so preparing step N+1 never waits for step N to finish on the device.
+
+    Args:
+        input_ids: for a decode step scheduled ahead, the ``[B]`` int64 tokens the previous step
+            samples on the device (one per request, in batch order), used as this step's inputs.
     """
-    host = _host_batch(out, block_size)
+    host = _host_batch(out, block_size, ahead=input_ids is not None)
     common = [host.input_ids, host.positions, host.slots, host.logits_rows]
     if backend == "torch":
         extra, build = _torch_metadata_arrays(host)
     else:
         extra, build = _triton_metadata_arrays(host)
-    input_ids, positions, slots, logits_rows, *rest = to_device(common + extra, device)
+    host_ids, positions, slots, logits_rows, *rest = to_device(common + extra, device)
+    input_ids = host_ids if input_ids is None else input_ids
     meta = build(rest, block_size)
     meta.slot_mapping = slots
     return ModelInput(input_ids, positions, meta, logits_rows, host.prompt_rows)

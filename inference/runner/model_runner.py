@@ -97,8 +97,11 @@ class ModelRunner:
         return self.execute_async(sched_out).result()
 
     @torch.inference_mode()
-    def execute_async(self, sched_out: SchedulerOutput) -> "StepHandle":
+    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> "StepHandle":
         """Launch the forward pass and sampling of one step without waiting for the device.
+
+        ``input_ids``: for a decode step scheduled ahead, the previous step's sampled tokens on the
+        device (``StepHandle.device_token_ids``), one per request in batch order.
 
         The sampled tokens (and logprobs) are copied to host memory behind the step on the current
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
@@ -107,7 +110,7 @@ class ModelRunner:
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
         self.apply_block_ops(sched_out)
-        inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend)
+        inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend, input_ids)
         sampling = [s.request for s in sched_out.scheduled if s.samples]
         if any(s.forks for s in sched_out.scheduled):  # parallel samples sample beside their leader
             sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
@@ -181,6 +184,11 @@ class StepHandle:
             self._host_tokens.copy_(sampled.token_ids, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
+
+    @property
+    def device_token_ids(self) -> torch.Tensor | None:
+        """The sampled tokens ``[N]`` int64 where they were computed (no wait)."""
+        return None if self._sampled is None else self._sampled.token_ids
 
     def result(self) -> ModelRunnerOutput:
         if self._sampled is None:

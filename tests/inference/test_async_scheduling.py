@@ -1,0 +1,78 @@
+"""Async scheduling (step N+1 launched before step N's tokens are back) gives exactly the
+outputs of the synchronous engine: greedy and seeded sampling, finishes by length, EOS, stop
+token ids and stop strings in the middle of a batch, aborts; every KV block comes back."""
+from __future__ import annotations
+
+import pytest
+
+from inference import LLM, SamplingParams
+
+
+def _engine(async_scheduling: bool) -> LLM:
+    return LLM(max_model_len=512, kv_cache_space=0.25, async_scheduling=async_scheduling)
+
+
+def _run(llm: LLM, prompts, params, abort_after: dict[str, int] | None = None) -> dict[str, tuple]:
+    """Drive the engine step by step; ``abort_after``: request id -> step at which to abort it."""
+    engine = llm.llm_engine
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
+    text, ids, done, step = {}, {}, {}, 0
+    while engine.has_unfinished_requests():
+        for rid, at in (abort_after or {}).items():
+            if at == step:
+                engine.abort_request(rid)
+        for out in engine.step():  # deltas: the new text and tokens of each sample
+            for o in out.outputs:
+                key = (out.request_id, o.index)
+                text[key] = text.get(key, "") + o.text
+                ids[key] = ids.get(key, ()) + tuple(o.token_ids)
+            if out.finished:
+                done[out.request_id] = tuple((text[(out.request_id, o.index)], ids[(out.request_id, o.index)],
+                                              o.finish_reason) for o in out.outputs)
+        step += 1
+    kv = engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks, "KV blocks leaked"
+    return done
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return _engine(False), _engine(True)
+
+
+@pytest.fixture(scope="module")
+def workload(test_prompts):
+    prompts = test_prompts * 2
+    base = [SamplingParams(temperature=0, max_tokens=6 + 5 * i, ignore_eos=i % 2 == 0) for i in range(8)]
+    sampled = [SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=24) for i in range(8)]
+    return prompts, base + sampled
+
+
+@pytest.mark.timeout(900)
+def test_same_outputs_as_synchronous_engine(engines, workload):
+    sync, ahead = engines
+    prompts, params = workload
+    expected = _run(sync, prompts, params)
+    # a stop token id and a stop string from the synchronous greedy outputs end requests mid-batch
+    params = list(params)
+    params[2] = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[expected["2"][0][1][7]])
+    params[4] = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[expected["4"][0][0].split()[3]])
+    expected = _run(sync, prompts, params)
+    before = ahead.llm_engine.num_steps_ahead
+    got = _run(ahead, prompts, params)
+    assert ahead.llm_engine.num_steps_ahead > before + 10  # most decode steps were launched ahead
+    assert got == expected
+    assert expected["2"][0][2] == "stop" and expected["4"][0][2] == "stop"
+
+
+@pytest.mark.timeout(900)
+def test_abort_while_a_step_is_launched_ahead(engines, workload):
+    sync, ahead = engines
+    prompts, params = workload
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)] * 6
+    expected = _run(sync, prompts[:6], params, abort_after={"1": 8})
+    got = _run(ahead, prompts[:6], params, abort_after={"1": 8})
+    assert got["1"][0][2] == "abort"
+    assert {k: v for k, v in got.items() if k != "1"} == {k: v for k, v in expected.items() if k != "1"}
+    assert all(len(v[0][1]) == 30 for k, v in got.items() if k != "1")
