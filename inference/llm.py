@@ -74,6 +74,9 @@ class LLM:
             InvalidRequestError: the tokenizer has no chat template and none was given (param ``chat_template``).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not conversations or any(not conversation for conversation in conversations):
+            raise InvalidRequestError("messages must be a non-empty list of {'role', 'content'} dicts "
+                                      "(or a list of such lists).", param="messages")
         tokenizer = self.get_tokenizer()
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError("The tokenizer has no chat template; pass chat_template=...",

@@ -119,9 +119,9 @@ class _Cache:
         tenant = await rows.afirst()
         ref = None
         if tenant is not None:
-            now = timezone.now()
-            has_keys = await ApiKey.objects.filter(tenant_id=tenant.id, revoked_at__isnull=True).filter(
-                Q(expires_at__isnull=True) | Q(expires_at__gt=now)).aexists()
+            # Any key ever issued counts, revoked and expired ones too: revoking a leaked last key
+            # must not open the tenant to callers without a key.
+            has_keys = await ApiKey.objects.filter(tenant_id=tenant.id).aexists()
             ref = TenantRef(tenant.id, tenant.slug, tenant.active, has_keys,
                             Limits(tenant.max_concurrent_requests, tenant.requests_per_minute,
                                    tenant.tokens_per_minute, tenant.daily_token_budget),

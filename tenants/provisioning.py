@@ -22,7 +22,7 @@ class TenantSpec:
 
 
 def parse_tenant_spec(text: str) -> TenantSpec:
-    """``team1=30%`` (or ``team1=30``, or ``team1`` to only make sure it exists and is active).
+    """``team1=30%`` (or ``team1=30``, or ``team1`` to only make sure it exists).
 
     Raises:
         ValueError: not that shape, a slug with other characters than letters, digits, ``-``
@@ -58,7 +58,7 @@ def check_total(specs: list[TenantSpec]) -> None:
 
 
 def apply_tenant_specs(specs: list[TenantSpec]) -> list[Tenant]:
-    """Create or update (and activate) the tenants; returns them.
+    """Create the tenants (active) or update their shares (an inactive one stays inactive); returns them.
 
     Raises:
         ValueError: see :func:`check_total`.
@@ -67,8 +67,9 @@ def apply_tenant_specs(specs: list[TenantSpec]) -> list[Tenant]:
         check_total(specs)
         tenants = []
         for spec in specs:
-            tenant, _ = Tenant.objects.get_or_create(slug=spec.slug, defaults={"name": spec.slug})
-            tenant.active = True
+            # A new tenant starts active; an existing one keeps the admin's choice (a restart with the
+            # same flags must not reactivate a tenant an operator switched off).
+            tenant, _ = Tenant.objects.get_or_create(slug=spec.slug, defaults={"name": spec.slug, "active": True})
             if spec.gpu_share is not None:
                 tenant.gpu_share = spec.gpu_share
             tenant.save()

@@ -30,16 +30,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DIE_WITH_PARENT = False  # set by ``manage.py serve``: children get SIGTERM when serve dies, even by SIGKILL
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux)
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Child:
-    """A child process started in its own session, stopped with SIGTERM then SIGKILL."""
+    """A child process started in its own session, stopped with SIGTERM then SIGKILL.
+
+    With ``DIE_WITH_PARENT`` (Linux) the kernel also sends it SIGTERM when the process that
+    started it dies, so a ``kill -9`` of ``serve`` leaves no server running on.
+    """
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None,
                  log_path: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.argv = argv
         self._log = open(log_path, "ab") if log_path else None
+        preexec = _die_with_parent if DIE_WITH_PARENT and sys.platform.startswith("linux") else None
         self.proc = subprocess.Popen(argv, env=env, cwd=BASE_DIR, start_new_session=True, pass_fds=pass_fds,
-                                     stdout=self._log, stderr=subprocess.STDOUT if self._log else None)
+                                     preexec_fn=preexec, stdout=self._log,
+                                     stderr=subprocess.STDOUT if self._log else None)
 
     @property
     def pid(self) -> int:
@@ -122,6 +136,15 @@ def start_web(host: str, port: int, env: dict[str, str], count: int = 1) -> list
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.create_server((host, port), family=family, backlog=4096) as listener:
         return [start_daphne(host, port, env, fd=listener.fileno()) for _ in range(count)]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises OSError (with the address) when ``host:port`` cannot be listened on now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host, port), family=family).close()
+    except OSError as error:
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 def wait_until_live(base_url: str, timeout: float, children: list[Child] = ()) -> None:

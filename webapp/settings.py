@@ -65,6 +65,7 @@ USE_I18N = False
 USE_TZ = True
 
 LOGIN_URL = "tenants:login"  # the tenant pages' login (the admin has its own)
+LOGIN_REDIRECT_URL = "/tenants/"  # after a login that names no next page
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

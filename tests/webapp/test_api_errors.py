@@ -46,6 +46,12 @@ def test_errors_name_the_field_the_client_sent(stack, extra, field):
     assert error["param"] == field and field in error["message"], error
 
 
+def test_unknown_chat_role_is_refused(stack):
+    body = {"model": MODEL, "messages": [{"role": "wizard", "content": "Hi"}]}
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", body), 400)
+    assert error["param"] == "messages" and "wizard" in error["message"] and "assistant" in error["message"]
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": ["a", "b"]}),
 ])

@@ -3,6 +3,7 @@ and flags of features not built yet stop it with a clear message."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -109,8 +110,51 @@ def test_flags_of_later_features_say_not_supported_yet(tmp_path, flag):
 def test_bad_tenant_shares_stop_serve_before_it_starts(tmp_path, values, message):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
     flags = [arg for value in values for arg in ("--tenant-id", value)]
-    done = subprocess.run([sys.executable, launcher.MANAGE, "serve", *flags], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, launcher.MANAGE, "serve", "--port", str(launcher.free_port()), *flags],
+                          env=env, capture_output=True,
                           text=True, timeout=120, cwd=launcher.BASE_DIR)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
     assert "Started" not in done.stdout
+
+
+def test_busy_port_stops_serve_before_it_loads_anything(tmp_path):
+    import socket
+
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, launcher.MANAGE, "serve", "--port", str(port)], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=launcher.BASE_DIR)
+    assert done.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "Started" not in done.stdout
+
+
+def test_killing_serve_with_sigkill_leaves_no_server_running(tmp_path):
+    port = launcher.free_port()
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    log = open(tmp_path / "serve.log", "wb")
+    serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port), "--max-model-len", "512",
+                              "--kv-cache-space", "0.1", "--log-level", "warning"],
+                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
+    try:
+        deadline = time.monotonic() + 300
+        while b"Tessera serves" not in (tmp_path / "serve.log").read_bytes():
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        children = _children(serve.pid)
+        assert len(children) >= 3, children
+        serve.kill()  # no chance to stop its children itself
+        serve.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in children):
+            assert time.monotonic() < deadline, {pid: cmd for pid, cmd in children.items() if _alive(pid)}
+            time.sleep(0.2)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        for pid in children if "children" in locals() else ():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        log.close()

@@ -86,6 +86,8 @@ def test_revoked_expired_and_unknown_keys_are_401_at_once(tenant_web):
     error = _error(completion(tenant_web.base_url, bearer(secret)), 401)
     assert error["code"] == "invalid_api_key" and "revoked" in error["message"]
     assert secret not in json.dumps(error) and key.prefix in error["message"]
+    # Revoking the tenant's only key does not open it to callers without a key.
+    assert _error(completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}), 401)["code"] == "invalid_api_key"
     old, old_secret = ApiKey.issue(team, expires_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1))
     assert "expired" in _error(completion(tenant_web.base_url, bearer(old_secret)), 401)["message"]
     unknown = ApiKey.new_secret()

@@ -19,6 +19,8 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
                list: "an array", dict: "an object"}
 
 
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object.
 
@@ -198,6 +200,9 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"'messages[{i}]' must be an object with a 'role'.", param="messages")
+        if message["role"] not in CHAT_ROLES:
+            raise bad_request(f"'messages[{i}].role' is {message['role']!r}; expected one of "
+                              f"{', '.join(sorted(CHAT_ROLES))}.", param="messages")
         content = message.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
             parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]

@@ -58,6 +58,11 @@ class Command(BaseCommand):
             raise CommandError(f"not supported yet: {error}") from None
         except TesseraError as error:
             raise CommandError(str(error)) from None
+        try:  # before loading anything: a server already on the port would answer our readiness check
+            launcher.check_port_free(options["host"], options["port"])
+        except OSError as error:
+            raise CommandError(f"{error}. Is another server running there? Pick another --port.") from None
+        launcher.DIE_WITH_PARENT = True
         if options["data_parallel_size"] < 1:
             raise CommandError("--data-parallel-size must be at least 1.")
         if not 1 <= options["api_server_count"] <= 64:
@@ -91,7 +96,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Started a private redis-server at {redis_url}")
         tenant_shares.use_redis(redis_url)
         for tenant in apply_tenant_specs(options["tenant_specs"]):
-            self.stdout.write(f"Tenant '{tenant.slug}': GPU share {tenant.gpu_share}%")
+            state = "" if tenant.active else " (inactive: switched off in the admin; --tenant-id does not reactivate it)"
+            self.stdout.write(f"Tenant '{tenant.slug}': GPU share {tenant.gpu_share}%{state}")
         tenant_shares.publish()
         name = engine_args.served_model_name or engine_args.model
         env = launcher.child_env(
