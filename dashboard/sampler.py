@@ -1,9 +1,9 @@
 """One reader of the workers' published stats per web process, shared by every dashboard viewer.
 
 While at least one viewer is subscribed, the sampler reads Redis every heartbeat interval
-(the live workers' heartbeats and their models' totals), keeps ``WINDOW`` seconds of samples,
-and hands each subscriber the new :class:`State`; the tenants' usage comes from the database
-every ``TENANT_REFRESH`` seconds. So the Redis and database load does not grow with the
+(the live workers' heartbeats, with their recent figures, and their models' totals) and hands
+each subscriber the new :class:`State`; the tenants' usage comes from the database every
+``TENANT_REFRESH`` seconds. So the Redis and database load does not grow with the
 number of open pages. With no subscriber it stops; :meth:`StatsSampler.latest` then reads
 once more on demand.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -21,7 +20,7 @@ from asgiref.sync import sync_to_async
 from webapp.serving.client import get_redis
 from webapp.serving.registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 
-from .stats import WINDOW, ModelStats, Sample, model_stats
+from .stats import ModelStats, Sample, model_stats
 from .tenant_usage import TenantUsage, tenant_usage_today
 
 logger = logging.getLogger(__name__)
@@ -48,7 +47,6 @@ class StatsSampler:
 
     def __init__(self, interval: float = HEARTBEAT_INTERVAL) -> None:
         self.interval = interval
-        self._samples: deque[Sample] = deque()
         self._subscribers: set[Subscriber] = set()
         self._task: asyncio.Task | None = None
         self._tenants: list[TenantUsage] = []
@@ -87,13 +85,10 @@ class StatsSampler:
         now = time.time()
         names = sorted({w["model"] for w in workers})
         sample = Sample(now, tuple(workers), await model_totals(redis, names) if names else {})
-        self._samples.append(sample)
-        while now - self._samples[0].time > WINDOW + self.interval:
-            self._samples.popleft()
         if now - self._tenants_read >= TENANT_REFRESH:
             self._tenants = await sync_to_async(tenant_usage_today)()
             self._tenants_read = now
-        self._state = State(now, model_stats(list(self._samples)), self._tenants)
+        self._state = State(now, model_stats(sample), self._tenants)
         return self._state
 
 

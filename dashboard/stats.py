@@ -1,16 +1,12 @@
-"""The dashboard's numbers, computed from what the workers publish to Redis.
+"""The dashboard's numbers, from what the workers publish to Redis.
 
-A :class:`Sample` is one read of Redis: the live workers' heartbeats (engine stats) and the
-models' cumulative totals (:mod:`webapp.serving.worker_metrics`). From the samples of the
-last seconds, :func:`model_stats` derives
-
-* output tokens/s of each worker: how much ``generation_tokens_total`` of its heartbeat grew
-  over the last ``RATE_WINDOW`` seconds (a restarted worker has a new id, so it never counts
-  backwards);
-* the prefix-cache hit rate: hits over queries (tokens) of the heartbeats over ``WINDOW``;
-* TTFT and TPOT p50/p99: of the histogram observations the model's totals gained over
-  ``WINDOW``, interpolated inside a bucket as Prometheus' ``histogram_quantile`` does, so the
-  page and a Grafana panel of ``histogram_quantile(0.99, rate(..._bucket[1m]))`` agree.
+A :class:`Sample` is one read of Redis: the live workers' heartbeats and the models'
+cumulative totals (:mod:`webapp.serving.worker_metrics`). Each heartbeat carries the worker's
+recent figures (:mod:`webapp.serving.recent_stats`): output tokens/s over the last seconds,
+prefix-cache queries and hits and the TTFT and TPOT histogram counts of the last minute.
+:func:`summarize` adds those up over workers and models and takes the percentiles from the
+summed counts, interpolating inside a bucket as Prometheus' ``histogram_quantile`` does, so
+the page and a Grafana panel of ``histogram_quantile(0.99, rate(..._bucket[1m]))`` agree.
 
 Everything here is plain data; :mod:`.sampler` reads Redis, :mod:`.access` filters per viewer.
 """
@@ -19,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
 from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS
 
-WINDOW = 60.0  # seconds of history behind the latency percentiles and the hit rate
-RATE_WINDOW = 5.0  # seconds behind the tokens/s figures
+__all__ = ["RATE_WINDOW", "WINDOW", "Sample", "WorkerStats", "ModelStats", "histogram_quantile", "model_stats",
+           "summarize"]
+
 TTFT = "time_to_first_token_seconds"
 TPOT = "request_time_per_output_token_seconds"
 
@@ -39,8 +37,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """One live worker as the overview lists it; ``output_tokens_per_s`` is None until two
-    samples are ``RATE_WINDOW`` apart or less."""
+    """One live worker as the overview lists it; ``output_tokens_per_s`` is None until its
+    second heartbeat."""
 
     id: str
     model: str
@@ -60,9 +58,10 @@ class WorkerStats:
 class ModelStats:
     """One served model over its live workers.
 
-    ``ttft_counts`` / ``tpot_counts`` are the (non-cumulative) histogram bucket counts gained
-    over the window, per bucket of ``HISTOGRAM_BOUNDS``; the ``prefix_cache_*`` figures are
-    tokens over the window.
+    ``ttft_counts`` / ``tpot_counts`` are the workers' histogram bucket counts of the last
+    ``WINDOW`` seconds, per bucket of ``HISTOGRAM_BOUNDS`` (``+Inf`` last); the
+    ``prefix_cache_*`` figures are tokens over the same window; ``num_preemptions_total`` is
+    cumulative over all the model's workers, past ones included.
     """
 
     name: str
@@ -102,85 +101,49 @@ def histogram_quantile(q: float, bounds: tuple[float, ...], counts: tuple[float,
     return bounds[-1]
 
 
-def _bucket_counts(totals: dict[str, float], name: str) -> list[float]:
-    return [totals.get(f"{name}:bucket:{i}", 0.0) for i in range(len(HISTOGRAM_BOUNDS[name]) + 1)]
+def _counts(recent: dict[str, Any], field: str, name: str) -> tuple[float, ...]:
+    counts = recent.get(field) or []
+    size = len(HISTOGRAM_BOUNDS[name]) + 1
+    return tuple(counts) if len(counts) == size else (0.0,) * size
 
 
-def _window_counts(old: dict[str, float], new: dict[str, float], name: str) -> tuple[float, ...]:
-    """Bucket counts gained from ``old`` to ``new``; all of ``new`` when the totals restarted
-    (a new Redis) in between."""
-    before, after = _bucket_counts(old, name), _bucket_counts(new, name)
-    if any(a < b for a, b in zip(after, before)):
-        return tuple(after)
-    return tuple(a - b for a, b in zip(after, before))
+def _add(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(x + y for x, y in zip(a, b))
 
 
-def _oldest_within(samples: list[Sample], seconds: float) -> Sample:
-    newest = samples[-1]
-    for sample in samples:
-        if newest.time - sample.time <= seconds:
-            return sample
-    return newest
-
-
-def _worker_stat(sample: Sample, worker_id: str) -> dict[str, Any] | None:
-    for worker in sample.workers:
-        if worker.get("id") == worker_id:
-            return worker.get("stats", {})
-    return None
-
-
-def _growth(samples: list[Sample], worker_id: str, field: str, seconds: float) -> tuple[float, float] | None:
-    """(increase of the worker's stats ``field``, seconds) over the last ``seconds``; None
-    when no older sample has the worker."""
-    newest = samples[-1]
-    now = _worker_stat(newest, worker_id)
-    for sample in samples:
-        if sample is newest or newest.time - sample.time > seconds:
-            continue
-        then = _worker_stat(sample, worker_id)
-        if then is not None:
-            return max(0.0, now.get(field, 0) - then.get(field, 0)), newest.time - sample.time
-    return None
-
-
-def worker_stats(samples: list[Sample], worker: dict[str, Any]) -> WorkerStats:
-    """The overview row of ``worker`` (a heartbeat dict of the newest sample)."""
-    stats = worker.get("stats", {})
-    growth = _growth(samples, worker["id"], "generation_tokens_total", RATE_WINDOW)
+def worker_stats(sample: Sample, worker: dict[str, Any]) -> WorkerStats:
+    """The overview row of ``worker`` (a heartbeat dict of ``sample``)."""
+    stats, recent = worker.get("stats", {}), worker.get("recent", {})
     total = stats.get("num_total_blocks", 0)
     state = worker.get("state") or ("serving" if worker.get("live", True) else "stopping")
     return WorkerStats(
         id=worker["id"], model=worker["model"], host=worker.get("host", ""), pid=worker.get("pid"),
         device=str(worker.get("device") or ""), state=state,
-        uptime_s=max(0.0, samples[-1].time - worker.get("started", samples[-1].time)),
+        uptime_s=max(0.0, sample.time - worker.get("started", sample.time)),
         num_running=int(stats.get("num_running", 0)), num_waiting=int(stats.get("num_waiting", 0)),
         kv_cache_usage=(total - stats.get("num_free_blocks", 0)) / total if total else 0.0,
-        output_tokens_per_s=growth[0] / growth[1] if growth and growth[1] > 0 else None,
+        output_tokens_per_s=recent.get("output_tokens_per_s"),
         num_preemptions_total=int(stats.get("num_preemptions_total", 0)))
 
 
-def model_stats(samples: list[Sample]) -> list[ModelStats]:
-    """Every model with a live worker or totals in the newest of ``samples`` (oldest first;
-    at least one), by name."""
-    newest, oldest = samples[-1], _oldest_within(samples, WINDOW)
-    names = sorted({w["model"] for w in newest.workers} | set(newest.totals))
+def model_stats(sample: Sample) -> list[ModelStats]:
+    """Every model with a live worker in ``sample``, by name."""
     models = []
-    for name in names:
-        live = [w for w in newest.workers if w["model"] == name]
-        queries = hits = 0.0
-        for worker in live:
-            queries += (_growth(samples, worker["id"], "prefix_cache_queries_total", WINDOW) or (0.0, 0.0))[0]
-            hits += (_growth(samples, worker["id"], "prefix_cache_hits_total", WINDOW) or (0.0, 0.0))[0]
-        new_totals, old_totals = newest.totals.get(name, {}), oldest.totals.get(name, {})
+    for name in sorted({w["model"] for w in sample.workers}):
+        live = [w for w in sample.workers if w["model"] == name]
+        recents = [w.get("recent", {}) for w in live]
+        ttft, tpot = (0.0,) * (len(HISTOGRAM_BOUNDS[TTFT]) + 1), (0.0,) * (len(HISTOGRAM_BOUNDS[TPOT]) + 1)
+        for recent in recents:
+            ttft = _add(ttft, _counts(recent, "ttft_bucket_counts", TTFT))
+            tpot = _add(tpot, _counts(recent, "tpot_bucket_counts", TPOT))
         models.append(ModelStats(
-            name=name, workers=tuple(worker_stats(samples, w) for w in live),
+            name=name, workers=tuple(worker_stats(sample, w) for w in live),
             num_total_blocks=sum(w["stats"].get("num_total_blocks", 0) for w in live),
             num_free_blocks=sum(w["stats"].get("num_free_blocks", 0) for w in live),
-            prefix_cache_queries=queries, prefix_cache_hits=hits,
-            num_preemptions_total=new_totals.get("num_preemptions_total", 0.0),
-            ttft_counts=_window_counts(old_totals, new_totals, TTFT),
-            tpot_counts=_window_counts(old_totals, new_totals, TPOT)))
+            prefix_cache_queries=sum(r.get("prefix_cache_queries", 0) for r in recents),
+            prefix_cache_hits=sum(r.get("prefix_cache_hits", 0) for r in recents),
+            num_preemptions_total=sample.totals.get(name, {}).get("num_preemptions_total", 0.0),
+            ttft_counts=ttft, tpot_counts=tpot))
     return models
 
 
