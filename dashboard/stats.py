@@ -15,11 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
 from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS
-
-__all__ = ["RATE_WINDOW", "WINDOW", "Sample", "WorkerStats", "ModelStats", "histogram_quantile", "model_stats",
-           "summarize"]
 
 TTFT = "time_to_first_token_seconds"
 TPOT = "request_time_per_output_token_seconds"
@@ -59,7 +55,7 @@ class ModelStats:
     """One served model over its live workers.
 
     ``ttft_counts`` / ``tpot_counts`` are the workers' histogram bucket counts of the last
-    ``WINDOW`` seconds, per bucket of ``HISTOGRAM_BOUNDS`` (``+Inf`` last); the
+    ``recent_stats.WINDOW`` seconds, per bucket of ``HISTOGRAM_BOUNDS`` (``+Inf`` last); the
     ``prefix_cache_*`` figures are tokens over the same window; ``num_preemptions_total`` is
     cumulative over all the model's workers, past ones included.
     """
@@ -101,10 +97,13 @@ def histogram_quantile(q: float, bounds: tuple[float, ...], counts: tuple[float,
     return bounds[-1]
 
 
+def _zeros(name: str) -> tuple[float, ...]:
+    return (0.0,) * (len(HISTOGRAM_BOUNDS[name]) + 1)
+
+
 def _counts(recent: dict[str, Any], field: str, name: str) -> tuple[float, ...]:
     counts = recent.get(field) or []
-    size = len(HISTOGRAM_BOUNDS[name]) + 1
-    return tuple(counts) if len(counts) == size else (0.0,) * size
+    return tuple(counts) if len(counts) == len(HISTOGRAM_BOUNDS[name]) + 1 else _zeros(name)
 
 
 def _add(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
@@ -132,7 +131,7 @@ def model_stats(sample: Sample) -> list[ModelStats]:
     for name in sorted({w["model"] for w in sample.workers}):
         live = [w for w in sample.workers if w["model"] == name]
         recents = [w.get("recent", {}) for w in live]
-        ttft, tpot = (0.0,) * (len(HISTOGRAM_BOUNDS[TTFT]) + 1), (0.0,) * (len(HISTOGRAM_BOUNDS[TPOT]) + 1)
+        ttft, tpot = _zeros(TTFT), _zeros(TPOT)
         for recent in recents:
             ttft = _add(ttft, _counts(recent, "ttft_bucket_counts", TTFT))
             tpot = _add(tpot, _counts(recent, "tpot_bucket_counts", TPOT))
@@ -165,7 +164,9 @@ def summarize(models: list[ModelStats]) -> dict[str, Any]:
         "num_preemptions_total": sum(m.num_preemptions_total for m in models),
     }
     for short, name, field in (("ttft", TTFT, "ttft_counts"), ("tpot", TPOT, "tpot_counts")):
-        counts = tuple(map(sum, zip(*(getattr(m, field) for m in models)))) or (0.0,) * (len(HISTOGRAM_BOUNDS[name]) + 1)
+        counts = _zeros(name)
+        for model in models:
+            counts = _add(counts, getattr(model, field))
         for q in (50, 99):
             summary[f"{short}_p{q}_s"] = histogram_quantile(q / 100, HISTOGRAM_BOUNDS[name], counts)
     return summary

@@ -8,9 +8,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
+
 from .access import viewer_for, visible_snapshot
 from .sampler import stats_sampler
-from .stats import RATE_WINDOW, WINDOW
 
 
 async def _latest():

@@ -93,7 +93,8 @@ def test_alert_rules_have_prometheus_shape_and_the_two_capacity_alerts():
     assert scale_in["for"] == "1h"
     promtool = shutil.which("promtool")
     if promtool:  # the authoritative check, where Prometheus' tools are installed
-        result = subprocess.run([promtool, "check", "rules", str(DEPLOY / "alerts.yml")], capture_output=True, text=True)
+        result = subprocess.run([promtool, "check", "rules", str(DEPLOY / "alerts.yml")],
+                                capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
