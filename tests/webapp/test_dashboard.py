@@ -107,7 +107,7 @@ class BackgroundLoad:
             thread.join(600)
 
 
-def test_anonymous_websocket_is_refused(django_app):
+def test_anonymous_websocket_is_refused(django_app, orm):
     from channels.testing import WebsocketCommunicator
 
     async def run() -> dict:
