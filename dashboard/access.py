@@ -9,10 +9,12 @@ sees no model and no tenant.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .stats import ModelStats, summarize
-from .tenant_usage import TenantUsage
+from .stats import summarize
+
+if TYPE_CHECKING:
+    from .sampler import State
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,12 @@ def viewer_for(user) -> Viewer:
                   None if models is None else frozenset(models))
 
 
-def visible_snapshot(time: float, models: list[ModelStats], tenants: list[TenantUsage],
-                     viewer: Viewer) -> dict[str, Any]:
+def visible_snapshot(state: State, viewer: Viewer) -> dict[str, Any]:
     """The JSON the viewer gets: ``time`` (Unix s), ``totals`` (:func:`.stats.summarize` over
-    the visible models), ``models`` (name, the same numbers, and ``workers`` for staff) and
-    ``tenants`` (rows of :class:`.tenant_usage.TenantUsage`)."""
-    shown = [m for m in models if viewer.sees_model(m.name)]
+    the visible models), ``models`` (name, the same numbers, and ``workers`` for staff),
+    ``idle_workers`` (workers serving no model; staff only, else empty) and ``tenants`` (rows
+    of :class:`.tenant_usage.TenantUsage`)."""
+    shown = [m for m in state.models if viewer.sees_model(m.name)]
     rows = []
     for model in shown:
         row = {"name": model.name, **summarize([model])}
@@ -64,9 +66,10 @@ def visible_snapshot(time: float, models: list[ModelStats], tenants: list[Tenant
             row["workers"] = [asdict(w) for w in model.workers]
         rows.append(row)
     return {
-        "time": time,
+        "time": state.time,
         "viewer": {"username": viewer.username, "is_staff": viewer.is_staff},
         "totals": summarize(shown),
         "models": rows,
-        "tenants": [asdict(t) for t in tenants if viewer.is_staff or t.slug in viewer.tenant_slugs],
+        "idle_workers": [asdict(w) for w in state.idle_workers] if viewer.is_staff else [],
+        "tenants": [asdict(t) for t in state.tenants if viewer.is_staff or t.slug in viewer.tenant_slugs],
     }

@@ -39,4 +39,4 @@ class LiveStatsConsumer(AsyncJsonWebsocketConsumer):
             self.sampler.unsubscribe(self.send_state)
 
     async def send_state(self, state: State) -> None:
-        await self.send_json(visible_snapshot(state.time, state.models, state.tenants, self.viewer))
+        await self.send_json(visible_snapshot(state, self.viewer))

@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from webapp.serving.client import get_redis
 from webapp.serving.registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 
-from .stats import ModelStats, Sample, model_stats
+from .stats import ModelStats, Sample, WorkerStats, idle_workers, model_stats
 from .tenant_usage import TenantUsage, tenant_usage_today
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,11 @@ FRESH = HEARTBEAT_INTERVAL / 2  # seconds within which a sample is recent enough
 @dataclass(frozen=True)
 class State:
     """What every viewer's snapshot is cut from: the sample ``time`` (Unix s), the models'
-    numbers and the tenants' rows."""
+    numbers, the workers that serve no model, and the tenants' rows."""
 
     time: float
     models: list[ModelStats]
+    idle_workers: list[WorkerStats]
     tenants: list[TenantUsage]
 
 
@@ -73,8 +74,8 @@ class StatsSampler:
             started = time.monotonic()
             try:
                 state = await self._sample()
-            except Exception:  # Redis restarting: keep trying, the pages show "reconnecting" only if we die
-                logger.exception("reading the workers' stats failed")
+            except Exception as error:  # Redis down or restarting: the viewers stay connected, retry next time
+                logger.warning("reading the workers' stats failed: %s", error)
             else:
                 await asyncio.gather(*(s(state) for s in list(self._subscribers)), return_exceptions=True)
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
@@ -83,12 +84,12 @@ class StatsSampler:
         redis = get_redis()
         workers = await live_workers(redis)
         now = time.time()
-        names = sorted({w["model"] for w in workers})
+        names = sorted({w["model"] for w in workers if w.get("model")})
         sample = Sample(now, tuple(workers), await model_totals(redis, names) if names else {})
         if now - self._tenants_read >= TENANT_REFRESH:
             self._tenants = await sync_to_async(tenant_usage_today)()
             self._tenants_read = now
-        self._state = State(now, model_stats(sample), self._tenants)
+        self._state = State(now, model_stats(sample), idle_workers(sample), self._tenants)
         return self._state
 
 

@@ -111,12 +111,13 @@ def _add(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def worker_stats(sample: Sample, worker: dict[str, Any]) -> WorkerStats:
-    """The overview row of ``worker`` (a heartbeat dict of ``sample``)."""
+    """The overview row of ``worker`` (a heartbeat dict of ``sample``; ``model`` is "" for a
+    worker that holds no model, e.g. while it loads one)."""
     stats, recent = worker.get("stats", {}), worker.get("recent", {})
     total = stats.get("num_total_blocks", 0)
     state = worker.get("state") or ("serving" if worker.get("live", True) else "stopping")
     return WorkerStats(
-        id=worker["id"], model=worker["model"], host=worker.get("host", ""), pid=worker.get("pid"),
+        id=worker["id"], model=worker.get("model") or "", host=worker.get("host", ""), pid=worker.get("pid"),
         device=str(worker.get("device") or ""), state=state,
         uptime_s=max(0.0, sample.time - worker.get("started", sample.time)),
         num_running=int(stats.get("num_running", 0)), num_waiting=int(stats.get("num_waiting", 0)),
@@ -125,10 +126,15 @@ def worker_stats(sample: Sample, worker: dict[str, Any]) -> WorkerStats:
         num_preemptions_total=int(stats.get("num_preemptions_total", 0)))
 
 
+def idle_workers(sample: Sample) -> list[WorkerStats]:
+    """The rows of the live workers in ``sample`` that serve no model (idle, loading, failed)."""
+    return [worker_stats(sample, w) for w in sample.workers if not w.get("model")]
+
+
 def model_stats(sample: Sample) -> list[ModelStats]:
     """Every model with a live worker in ``sample``, by name."""
     models = []
-    for name in sorted({w["model"] for w in sample.workers}):
+    for name in sorted({w["model"] for w in sample.workers if w.get("model")}):
         live = [w for w in sample.workers if w["model"] == name]
         recents = [w.get("recent", {}) for w in live]
         ttft, tpot = _zeros(TTFT), _zeros(TPOT)

@@ -20,7 +20,7 @@ async def _latest():
 
 def _context(request: HttpRequest) -> dict:
     state = async_to_sync(_latest)()  # on the server's event loop, sharing its sampler
-    snapshot = visible_snapshot(state.time, state.models, state.tenants, viewer_for(request.user))
+    snapshot = visible_snapshot(state, viewer_for(request.user))
     return {"snapshot": snapshot, "window_s": int(WINDOW), "rate_window_s": int(RATE_WINDOW)}
 
 

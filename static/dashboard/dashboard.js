@@ -53,9 +53,9 @@
       pct(m.kv_cache_usage), pct(m.prefix_cache_hit_rate), `${secs(m.ttft_p50_s)} / ${secs(m.ttft_p99_s)}`,
       `${secs(m.tpot_p50_s)} / ${secs(m.tpot_p99_s)}`, num(m.num_preemptions_total),
     ], "No model is being served (no live worker).");
-    const workers = snapshot.models.flatMap((m) => m.workers || []);
+    const workers = [...snapshot.models.flatMap((m) => m.workers || []), ...(snapshot.idle_workers || [])];
     fillTable("workers", workers, (w) => [
-      w.model, w.id, w.host, w.device || dash, w.state, uptime(w.uptime_s), w.num_running, w.num_waiting,
+      w.model || dash, w.id, w.host, w.device || dash, w.state, uptime(w.uptime_s), w.num_running, w.num_waiting,
       num(w.output_tokens_per_s, 1), pct(w.kv_cache_usage),
     ], "No live worker.");
     fillTable("tenants", snapshot.tenants, (t) => [

@@ -107,7 +107,7 @@ class BackgroundLoad:
             thread.join(600)
 
 
-def test_anonymous_websocket_is_refused(django_app, orm):
+def test_anonymous_websocket_is_refused(orm, django_app):
     from channels.testing import WebsocketCommunicator
 
     async def run() -> dict:

@@ -52,7 +52,7 @@ class RecentStats:
             ``ttft_bucket_counts`` and ``tpot_bucket_counts`` (observations per bucket of
             ``worker_metrics.TTFT_BUCKETS`` / ``ITL_BUCKETS``, ``+Inf`` last, over the window).
         """
-        now = time.monotonic() if now is None else now
+        now = time.monotonic() if now is None else now  # engine counters restart with a new engine: clamped
         current = (now, int(stats.get("generation_tokens_total", 0)), int(stats.get("prefix_cache_queries_total", 0)),
                    int(stats.get("prefix_cache_hits_total", 0)), list(self.metrics.ttft.counts),
                    list(self.metrics.tpot.counts))
@@ -67,9 +67,9 @@ class RecentStats:
         return {
             "window_s": now - oldest[0],
             "rate_window_s": elapsed,
-            "output_tokens_per_s": (current[1] - rate_base[1]) / elapsed if elapsed > 0 else None,
-            "prefix_cache_queries": current[2] - oldest[2],
-            "prefix_cache_hits": current[3] - oldest[3],
+            "output_tokens_per_s": max(0, current[1] - rate_base[1]) / elapsed if elapsed > 0 else None,
+            "prefix_cache_queries": max(0, current[2] - oldest[2]),
+            "prefix_cache_hits": max(0, current[3] - oldest[3]),
             "ttft_bucket_counts": [a - b for a, b in zip(current[4], oldest[4])],
             "tpot_bucket_counts": [a - b for a, b in zip(current[5], oldest[5])],
         }
