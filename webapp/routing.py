@@ -1,6 +1,4 @@
-"""WebSocket routes of the ASGI app."""
-from django.urls import path
+"""WebSocket routes of the ASGI app (behind session authentication, see ``webapp/asgi.py``)."""
+from dashboard.routing import websocket_urlpatterns
 
-from .consumers import LiveStatsConsumer
-
-websocket_urlpatterns = [path("ws/stats", LiveStatsConsumer.as_asgi())]
+__all__ = ["websocket_urlpatterns"]

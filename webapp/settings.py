@@ -17,6 +17,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "tenants",
+    "dashboard",
     "webapp",
 ]
 
@@ -29,7 +30,7 @@ MIDDLEWARE = [
 ]
 
 # The API needs none of the above; each would cost two thread hops per request under ASGI
-# (see webapp/handlers.py). Only /admin/, /tenants/ and /static/ go through MIDDLEWARE.
+# (see webapp/handlers.py). Only /admin/, /tenants/, /dashboard/ and /static/ go through MIDDLEWARE.
 API_MIDDLEWARE: list[str] = []
 
 ROOT_URLCONF = "webapp.urls"

@@ -28,3 +28,24 @@ def stack(tmp_path_factory) -> Stack:
     s = Stack(tmp_path_factory.mktemp("stack"))
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def django_app(stack):
+    """The real ASGI application in this process, on the shared stack's Redis."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
+    from django.test import override_settings
+
+    django.setup()
+    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                          "CONFIG": {"hosts": [{"address": stack.redis_url, "socket_timeout": 30}],
+                                     "capacity": 100_000}}}
+    with override_settings(CELERY_BROKER_URL=stack.redis_url, CHANNEL_LAYERS=layers):
+        from channels.layers import channel_layers
+
+        channel_layers.backends.clear()
+        from webapp.asgi import application
+
+        yield application
+        channel_layers.backends.clear()

@@ -1,52 +1,9 @@
-"""In-process tests against the real ASGI app and the real Redis of the shared stack:
-the live-stats WebSocket consumer, and the bulk publisher's ordering (read back by the reply
-router) and coalescing."""
+"""In-process tests against the real ASGI app and the real Redis of the shared stack: the bulk
+publisher's ordering (read back by the reply router) and coalescing. (The live-stats WebSocket
+is tested in test_dashboard.py.)"""
 from __future__ import annotations
 
 import asyncio
-import os
-
-import pytest
-
-from tests.webapp.serving_stack import MODEL
-
-
-@pytest.fixture(scope="module")
-def django_app(stack):
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-    from django.test import override_settings
-
-    django.setup()
-    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                          "CONFIG": {"hosts": [{"address": stack.redis_url, "socket_timeout": 30}],
-                                     "capacity": 100_000}}}
-    with override_settings(CELERY_BROKER_URL=stack.redis_url, CHANNEL_LAYERS=layers):
-        from channels.layers import channel_layers
-
-        channel_layers.backends.clear()
-        from webapp.asgi import application
-
-        yield application
-        channel_layers.backends.clear()
-
-
-def test_live_stats_websocket(django_app):
-    from channels.testing import WebsocketCommunicator
-
-    async def run() -> dict:
-        communicator = WebsocketCommunicator(django_app, "/ws/stats")
-        connected, _ = await communicator.connect()
-        assert connected
-        first = await communicator.receive_json_from(timeout=5)
-        second = await communicator.receive_json_from(timeout=5)  # it keeps pushing
-        await communicator.disconnect()
-        return second or first
-
-    message = asyncio.run(run())
-    (worker,) = message["workers"]
-    assert worker["model"] == MODEL
-    assert worker["stats"]["num_total_blocks"] > 0 and "num_running" in worker["stats"]
 
 
 def test_bulk_send_keeps_order_per_channel(django_app):

@@ -4,7 +4,8 @@
   flight is coalesced per request and written with one pipeline (:func:`.publish.bulk_send`),
   so a slow Redis delays delivery but never the engine loop;
 * receives aborts on the worker's control channel and passes them to the engine loop;
-* writes the heartbeat (worker info, engine stats) every ``HEARTBEAT_INTERVAL`` seconds,
+* writes the heartbeat (worker info, engine stats, the recent figures of :mod:`.recent_stats`)
+  every ``HEARTBEAT_INTERVAL`` seconds,
   adds what the worker's counters and histograms grew by to its model's totals
   (:mod:`.worker_metrics`), also once more when it stops, and reads the tenants' GPU shares
   (:mod:`.tenant_shares`), passing them on when they changed.
@@ -23,6 +24,7 @@ from channels_redis.core import RedisChannelLayer
 from . import registry
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
+from .recent_stats import RecentStats
 from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
 from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 
@@ -47,6 +49,7 @@ class WorkerIO(threading.Thread):
         self.worker_id = worker_id
         self.layer = layer
         self.metrics = RequestMetrics()
+        self.recent = RecentStats(self.metrics)
         self._deltas = CounterDeltas()
         self.control_channel: str | None = None
         self._info = info
@@ -187,6 +190,7 @@ class WorkerIO(threading.Thread):
 
     async def _heartbeat_once(self) -> None:
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
+        info["recent"] = self.recent.sample(info["stats"])
         await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))
         await self._push_counters(info)
         if self._on_shares is not None:

@@ -1,0 +1,42 @@
+"""``/ws/stats``: the dashboard's live numbers over a WebSocket.
+
+Logged-in users only (Channels' session authentication): an anonymous connection is accepted
+and closed at once with code ``4401``, so the page knows to send the user to the login page
+instead of reconnecting. On connect the consumer sends a snapshot, then one each time the
+process's :class:`~dashboard.sampler.StatsSampler` reads what the workers published (twice a
+second), cut to what the user may see (:mod:`dashboard.access`).
+"""
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from .access import Viewer, viewer_for, visible_snapshot
+from .sampler import State, StatsSampler, stats_sampler
+
+UNAUTHENTICATED = 4401  # close code: log in first (4000-4999 are the application's)
+
+
+class LiveStatsConsumer(AsyncJsonWebsocketConsumer):
+    """Sends ``dashboard.access.visible_snapshot`` JSON on connect and on every new sample."""
+
+    viewer: Viewer | None = None
+    sampler: StatsSampler | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        self.viewer = await database_sync_to_async(viewer_for)(user)
+        self.sampler = stats_sampler()
+        await self.send_state(await self.sampler.latest())
+        self.sampler.subscribe(self.send_state)
+
+    async def disconnect(self, code: int) -> None:
+        if self.sampler is not None:
+            self.sampler.unsubscribe(self.send_state)
+
+    async def send_state(self, state: State) -> None:
+        await self.send_json(visible_snapshot(state, self.viewer))

@@ -1,0 +1,34 @@
+"""Dashboard pages: the overview (models, workers, headline numbers, tenants' shares) and the
+live metrics page (charts). Both need a login; what a user sees is :mod:`dashboard.access`'s
+rule. The pages render the current numbers and keep them current over ``/ws/stats``."""
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
+
+from .access import viewer_for, visible_snapshot
+from .sampler import stats_sampler
+
+
+async def _latest():
+    return await stats_sampler().latest()
+
+
+def _context(request: HttpRequest) -> dict:
+    state = async_to_sync(_latest)()  # on the server's event loop, sharing its sampler
+    snapshot = visible_snapshot(state, viewer_for(request.user))
+    return {"snapshot": snapshot, "window_s": int(WINDOW), "rate_window_s": int(RATE_WINDOW)}
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/overview.html", _context(request))
+
+
+@login_required
+def live(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/live.html", _context(request))
