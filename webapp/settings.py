@@ -18,6 +18,7 @@ INSTALLED_APPS = [
     "channels",
     "tenants",
     "webapp",
+    "webapp.catalog",
 ]
 
 MIDDLEWARE = [
