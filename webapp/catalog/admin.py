@@ -65,6 +65,9 @@ class WorkerAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:  # a stopped worker's row goes by itself
+        return False
+
     def has_view_permission(self, request, obj=None) -> bool:
         return request.user.is_active and request.user.is_staff
 

@@ -10,6 +10,8 @@
 * ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
   past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
   time the totals started, exported as ``_created``). Workers add increments; never expires.
+  ``tessera:metrics:models`` is the set of those models, so that ``/metrics`` keeps exporting
+  a model's counters after its last worker unloaded it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from typing import Any
 
 WORKERS_KEY = "tessera:workers"
+METRICS_MODELS_KEY = "tessera:metrics:models"  # set of the models that have totals
 HEARTBEAT_INTERVAL = 0.5  # seconds between heartbeats
 HEARTBEAT_TTL = 4  # seconds after which a silent worker counts as dead
 CLAIM_TTL = 3600  # seconds; claims are deleted when the request finishes
@@ -40,7 +43,7 @@ def counter_increment_commands(model: str, increments: dict[str, float]) -> list
     """Redis commands that add ``increments`` (field -> amount) to ``model``'s totals; run them
     in one MULTI/EXEC so the totals never hold half a heartbeat's increments."""
     key = metrics_key(model)
-    return [("hsetnx", (key, "created", time.time()), {}),
+    return [("hsetnx", (key, "created", time.time()), {}), ("sadd", (METRICS_MODELS_KEY, model), {}),
             *[("hincrbyfloat", (key, name, amount), {}) for name, amount in increments.items()]]
 
 
@@ -63,17 +66,18 @@ def heartbeat_commands(worker_id: str, info: dict[str, Any]) -> list[tuple[str, 
     ]
 
 
-async def live_workers(redis, model: str | None = None) -> list[dict[str, Any]]:
+async def live_workers(redis, model: str | None = None, include_idle: bool = False) -> list[dict[str, Any]]:
     """Info dicts of the workers whose heartbeat is fresh and that serve a model, optionally
     ``model`` only.
 
     ``redis`` is a ``redis.asyncio.Redis``. Each dict has at least ``id``, ``model``,
     ``control`` (its control channel), ``max_model_len`` and ``stats``. Workers without a
-    model (idle, loading, failed) are left out; :func:`all_workers` lists them too.
+    model (idle, loading, failed: ``model`` is None) are left out unless ``include_idle``.
     """
     ids = await redis.zrangebyscore(WORKERS_KEY, time.time() - HEARTBEAT_TTL, "+inf")
     raw = await redis.mget([_worker_key(i) for i in ids]) if ids else []
-    return [w for w in _decode(raw) if w.get("model") and (model is None or w["model"] == model)]
+    return [w for w in _decode(raw)
+            if (include_idle and model is None) or (w.get("model") and (model is None or w["model"] == model))]
 
 
 def all_workers(redis) -> list[dict[str, Any]]:

@@ -94,6 +94,7 @@ class WorkerRuntime:
         self.started = time.time()
         self.state, self.error = IDLE, None
         self.spec: ModelSpec | None = None
+        self.ready_at: float | None = None  # time.time() when the current model became ready
         self.loop: EngineLoop | None = None
         self.engine: Any = None
         self.queues: CeleryQueues | None = None  # set once the Celery worker consumes (see serve_commands)
@@ -141,7 +142,7 @@ class WorkerRuntime:
             if self._shares is not None:
                 loop.set_tenant_shares(self._shares)
             with self._lock:
-                self.loop, self.engine, self.state = loop, engine, READY
+                self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
             if self.queues is not None:
                 self.queues.consume(queue_for(spec.name))
         except BaseException as error:
@@ -297,6 +298,7 @@ class WorkerRuntime:
             "state": state,
             "loading": spec.name if state == LOADING and spec is not None else None,
             "error": self.error,
+            "ready_at": self.ready_at if serving else None,
             "pid": os.getpid(),
             "started": self.started,
             **describe_device(),
