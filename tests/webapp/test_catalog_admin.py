@@ -56,10 +56,11 @@ def _models(s: Stack) -> list[str]:
     return [m["id"] for m in json.loads(body)["data"]]
 
 
-def _register(browser: Browser, name: str, source: str) -> tuple[int, str]:
-    browser.get("/admin/catalog/servedmodel/add/")
-    status, _, page = browser.post("/admin/catalog/servedmodel/add/", {
-        "name": name, "source": source, "dtype": "auto", "quantization": "", "max_model_len": "1024",
+def _register(browser: Browser, name: str, source: str, max_model_len: int = 1024,
+              path: str = "/admin/catalog/servedmodel/add/") -> tuple[int, str]:
+    browser.get(path)
+    status, _, page = browser.post(path, {
+        "name": name, "source": source, "dtype": "auto", "quantization": "", "max_model_len": str(max_model_len),
         "gpu_memory_utilization": "0.9", "max_num_seqs": "8", "tensor_parallel_size": "1", "enabled": "on"})
     return status, page
 
@@ -162,6 +163,15 @@ def test_load_serve_and_unload_through_the_admin(idle):
                             r"([\d.]+) tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
                             r"[\d.]+%, Prefix cache hit rate: [\d.]+%")
     _wait(lambda: any(float(m[2]) > 0 for m in stats_line.finditer(worker_log.read_text())), 15)
+
+    # Reload applies the model's edited settings, in the same worker process.
+    _, _, listing = browser.get("/admin/catalog/servedmodel/")
+    change = re.search(r'href="(/admin/catalog/servedmodel/\d+/change/)[^"]*">' + NAME + "<", listing)[1]
+    assert _register(browser, NAME, MODEL, max_model_len=512, path=change)[0] == 302
+    _act(browser, worker_id, "reload_model")
+    _wait(lambda: [(m["id"], m["max_model_len"]) for m in json.loads(http("GET", s.base_url + "/v1/models")[2])["data"]]
+          == [(NAME, 512)], 180)
+    assert s.worker_infos()[0]["pid"] == s.workers[0].pid
 
     # Unloading ends a running request with an error that says why; the model leaves /v1/models.
     events: list[str] = []

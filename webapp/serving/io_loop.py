@@ -112,10 +112,13 @@ class WorkerIO(threading.Thread):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _shutdown(self) -> None:
+        # The control task is cancelled last: a receive cancelled in the middle of its
+        # blocking pop holds the layer's connection up to the pop's timeout (5 s), which
+        # used to stall (and, past stop's timeout, lose) the last counter increments.
         self._stopping = True
-        await self._queue.put(("flush", None, None))
-        self._tasks[1].cancel()
         self._tasks[2].cancel()
+        await asyncio.gather(self._tasks[2], return_exceptions=True)
+        await self._queue.put(("flush", None, None))
         try:
             await asyncio.wait_for(self._tasks[0], 3.0)
         except asyncio.TimeoutError:
@@ -127,6 +130,7 @@ class WorkerIO(threading.Thread):
             logger.exception("final metrics push failed")
         await redis.delete(registry.worker_key(self.worker_id))
         await redis.zrem(registry.WORKERS_KEY, self.worker_id)
+        self._tasks[1].cancel()
 
     async def _end_model(self) -> None:
         finished = self._loop.create_future()
