@@ -176,7 +176,7 @@ def test_load_serve_and_unload_through_the_admin(idle):
     # Unloading ends a running request with an error that says why; the model leaves /v1/models.
     events: list[str] = []
     reader = threading.Thread(target=lambda: events.extend(sse_events(http(
-        "POST", s.base_url + "/v1/completions", {"model": NAME, "prompt": "Tell a long story.", "max_tokens": 1000,
+        "POST", s.base_url + "/v1/completions", {"model": NAME, "prompt": "Tell a long story.", "max_tokens": 400,
                                                  "ignore_eos": True, "stream": True}, timeout=120)[2])))
     reader.start()
     _wait(lambda: metric_value(metrics_text(s.base_url), f"vllm:num_requests_running{{{label}}}") == 1, 30, 0.05)
