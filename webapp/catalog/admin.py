@@ -68,8 +68,9 @@ class WorkerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:  # a stopped worker's row goes by itself
         return False
 
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.is_active and request.user.is_staff
+    def has_manage_permission(self, request) -> bool:
+        """Who may run the model actions: users with the change permission on workers."""
+        return request.user.has_perm("catalog.change_worker")
 
     def changelist_view(self, request, extra_context=None):
         _sync(request)
@@ -87,7 +88,8 @@ class WorkerAdmin(admin.ModelAdmin):
             messages.warning(request, "Offline workers were skipped.")
         return live
 
-    @admin.action(description="Load the chosen model on the selected workers (replacing theirs)")
+    @admin.action(description="Load the chosen model on the selected workers (replacing theirs)",
+                  permissions=["manage"])
     def load_model(self, request, queryset) -> None:
         served = request.POST.get("served_model")
         model = ServedModel.objects.filter(pk=served).first() if served and served.isdigit() else None
@@ -100,12 +102,13 @@ class WorkerAdmin(admin.ModelAdmin):
         sent = command_workers(self._live(request, queryset), ModelCommand(LOAD, model.spec()))
         messages.info(request, f"Loading '{model.name}' on {sent} worker(s); their state shows the progress.")
 
-    @admin.action(description="Unload the model of the selected workers")
+    @admin.action(description="Unload the model of the selected workers", permissions=["manage"])
     def unload_model(self, request, queryset) -> None:
         sent = command_workers(self._live(request, queryset), ModelCommand(UNLOAD))
         messages.info(request, f"Unloading on {sent} worker(s); their running requests end with an error.")
 
-    @admin.action(description="Reload the model of the selected workers (with its current settings)")
+    @admin.action(description="Reload the model of the selected workers (with its current settings)",
+                  permissions=["manage"])
     def reload_model(self, request, queryset) -> None:
         sent = 0
         for worker in self._live(request, queryset):
