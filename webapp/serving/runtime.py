@@ -191,8 +191,9 @@ class WorkerRuntime:
                     logger.warning("reload: this worker serves no model")
                     return
                 self.load(spec)
-        except Exception:
-            pass  # logged by load; state and error say what happened
+        except Exception:  # a failed load is logged by load, and its state and error say what happened
+            if command.op == UNLOAD:
+                logger.exception("unloading failed")
 
     def serve_commands(self, queues: CeleryQueues) -> None:
         """Once the Celery worker consumes: take model commands on a thread of its own
