@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Iterable
 
+from webapp.serving.client import get_redis
+
+from . import counters
 from .identity import Caller
 from .limits import Admission, admit, settle
 from .usage import recorder
@@ -57,20 +61,37 @@ class Meter:
         self.model = model
         self.admission = await admit(self.caller.tenant, request_id, prompt_tokens)
 
-    def finish(self, prompt_tokens: int = 0, completion_tokens: int = 0, error: str | None = None) -> None:
-        """The request ended having used these tokens (``error``: a ``models.ERROR_KINDS`` kind)."""
+    def finish(self, prompt_tokens: int = 0, completion_tokens: int = 0, error: str | None = None,
+               finish_reasons: Iterable[str | None] = ()) -> None:
+        """The request ended having used these tokens (``error``: a ``models.ERROR_KINDS`` kind;
+        ``finish_reasons``: its choices'), for the usage records, the limits and the tenant's
+        counters in ``/metrics`` (:mod:`.counters`)."""
         if self.finished:
             return
         self.finished = True
         recorder.record(self.caller.tenant.id, self.model, prompt_tokens, completion_tokens, error,
                         self.caller.key_id)
         if self.admission is not None:
-            task = asyncio.get_running_loop().create_task(self._settle(prompt_tokens + completion_tokens))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+            self._background(self._settle(prompt_tokens + completion_tokens))
+        if self.model:
+            self._background(self._count(prompt_tokens, completion_tokens,
+                                         counters.finished_reason(error, finish_reasons)))
+
+    @staticmethod
+    def _background(coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        _background.add(task)
+        task.add_done_callback(_background.discard)
 
     async def _settle(self, used: int) -> None:
         try:
             await settle(self.admission, used)
         except Exception:
             logger.exception("settling the limits of request %s failed", self.admission.request_id)
+
+    async def _count(self, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
+        try:
+            await counters.add(get_redis(), self.caller.tenant.slug, self.model, prompt_tokens, completion_tokens,
+                               reason)
+        except Exception:
+            logger.exception("counting the request of tenant %s failed", self.caller.tenant.slug)

@@ -6,6 +6,11 @@ worker adds its increments (:mod:`webapp.serving.worker_metrics`): they cover al
 and present, so a worker that stops or restarts never makes them go backwards. Each carries
 ``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
 reads as a counter reset). Rendered with ``prometheus_client``.
+
+Tessera's own series: ``tessera:num_workers``, GPU utilization and memory per device and
+worker (``tessera:gpu_utilization_perc`` 0-1, ``tessera:gpu_memory_used_bytes``; NVML,
+only where workers have GPUs, see :mod:`webapp.serving.devices`), and per-tenant counters
+(``tessera:tenant_*_total``, see :mod:`tenants.counters`).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any, Iterable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from tenants.counters import GENERATION, PROMPT, REQUESTS
 from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS, SUCCESS_PREFIX
 
 HISTOGRAMS = {
@@ -41,20 +47,61 @@ COUNTERS = {  # metric -> (totals field, help)
 }
 
 
+TENANT_COUNTERS = {  # tenants.counters name -> (metric, help)
+    PROMPT: ("tessera:tenant_prompt_tokens", "Prompt tokens of a tenant's finished requests."),
+    GENERATION: ("tessera:tenant_generation_tokens", "Generated tokens of a tenant's finished requests."),
+}
+
+
 class WorkersCollector:
     """A one-shot prometheus_client collector over worker heartbeats (gauges) and the models'
-    totals (counters, histograms)."""
+    totals (counters, histograms), and the tenants' counters."""
 
-    def __init__(self, workers: list[dict[str, Any]], totals: dict[str, dict[str, float]]) -> None:
+    def __init__(self, workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
+                 tenant_counters: list[tuple[str, str, str, str, float]] = ()) -> None:
         self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.totals = {model: dict(values) for model, values in totals.items()}
+        self.workers = workers
+        self.tenant_counters = tenant_counters
         for model in totals:
             self.by_model[model]
         for worker in workers:
-            self.by_model[worker["model"]].append(worker)
-            self.totals.setdefault(worker["model"], {})
+            if worker.get("model"):
+                self.by_model[worker["model"]].append(worker)
+                self.totals.setdefault(worker["model"], {})
 
     def collect(self):
+        yield from self._model_metrics()
+        yield from self._gpu_metrics()
+        yield from self._tenant_metrics()
+
+    def _gpu_metrics(self):
+        utilization = GaugeMetricFamily("tessera:gpu_utilization_perc",
+                                        "GPU utilization (fraction of the last sample period a kernel ran), "
+                                        "1 means 100 percent.", labels=["device", "worker"])
+        memory = GaugeMetricFamily("tessera:gpu_memory_used_bytes", "GPU memory in use (the whole device).",
+                                   labels=["device", "worker"])
+        for worker in self.workers:
+            for gpu in worker.get("gpus") or ():
+                utilization.add_metric([gpu["device"], worker["id"]], gpu["utilization"])
+                memory.add_metric([gpu["device"], worker["id"]], gpu["memory_used_bytes"])
+        yield utilization
+        yield memory
+
+    def _tenant_metrics(self):
+        families = {name: CounterMetricFamily(metric, doc, labels=["tenant", "model_name"])
+                    for name, (metric, doc) in TENANT_COUNTERS.items()}
+        requests = CounterMetricFamily("tessera:tenant_requests", "A tenant's finished requests, by how they ended.",
+                                       labels=["tenant", "model_name", "finished_reason"])
+        for counter, tenant, model, reason, value in sorted(self.tenant_counters):
+            if counter == REQUESTS:
+                requests.add_metric([tenant, model, reason], value)
+            elif counter in families:
+                families[counter].add_metric([tenant, model], value)
+        yield from families.values()
+        yield requests
+
+    def _model_metrics(self):
         live = GaugeMetricFamily("tessera:num_workers", "Number of live engine workers.", labels=["model_name"])
         for model, workers in self.by_model.items():
             live.add_metric([model], len(workers))
@@ -115,14 +162,17 @@ def _usage(total_field: str, free_field: str):
     return usage
 
 
-def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]]) -> bytes:
+def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
+           tenant_counters: list[tuple[str, str, str, str, float]] = ()) -> bytes:
     """Prometheus text exposition, labelled by ``model_name``.
 
     Args:
-        workers: the live workers' heartbeat dicts (gauges).
+        workers: the live workers' heartbeat dicts (gauges; those without a model count
+            only for the GPU gauges).
         totals: ``model -> {field: value}`` from :func:`webapp.serving.registry.model_totals`
             for every served model (counters and histograms).
+        tenant_counters: :func:`tenants.counters.read`'s rows.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkersCollector(workers, totals))
+    registry.register(WorkersCollector(workers, totals, tenant_counters))
     return generate_latest(registry)

@@ -19,6 +19,7 @@ INSTALLED_APPS = [
     "tenants",
     "dashboard",
     "webapp",
+    "webapp.catalog",
 ]
 
 MIDDLEWARE = [

@@ -60,7 +60,7 @@ def two_workers(tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("two-workers"), num_workers=2,
               engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1"])
     deadline = time.monotonic() + 300
-    while len(s.worker_infos()) < 2:
+    while sum(bool(w.get("live")) for w in s.worker_infos()) < 2:  # both registered and serving
         assert time.monotonic() < deadline
         time.sleep(0.2)
     yield s

@@ -243,7 +243,8 @@ class Generation:
         """Account the call with its tenant: the prompts that ran and the tokens generated."""
         if self.meter is not None:
             prompt_tokens = sum(len(self.prompts[p].token_ids) for p in self._prompts_run)
-            self.meter.finish(prompt_tokens, sum(c.num_tokens for c in self.choices.values()), error)
+            self.meter.finish(prompt_tokens, sum(c.num_tokens for c in self.choices.values()), error,
+                              [c.finish_reason for c in self.choices.values()])
 
     def _apply(self, message: dict[str, Any]):
         """Fold a delta message into the choices; yields ``(choice, new_text)`` per output."""

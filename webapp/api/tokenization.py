@@ -40,24 +40,10 @@ class ServedModel:
 
 
 def served_models() -> list[ServedModel]:
-    """The models configured in settings (one per ``manage.py serve``)."""
+    """The models configured in settings (one per ``manage.py serve``); which models are live
+    now, and the lookup of a request's model, are in :mod:`.served`."""
     cfg = settings.TESSERA
     return [ServedModel(cfg["SERVED_MODEL_NAME"], cfg["MODEL"], cfg["TOKENIZER"], cfg["CHAT_TEMPLATE"])]
-
-
-def get_served_model(name: str | None) -> ServedModel:
-    """The served model called ``name`` (the first one when ``name`` is empty).
-
-    Raises:
-        APIError: 404 ``model_not_found``.
-    """
-    models = served_models()
-    if not name:
-        return models[0]
-    for model in models:
-        if model.name == name:
-            return model
-    raise APIError(f"The model `{name}` does not exist.", 404, param="model", code="model_not_found")
 
 
 class Tokenizer:
@@ -110,13 +96,13 @@ class Tokenizer:
                               param="messages") from error
 
 
-_tokenizers: dict[str, Tokenizer] = {}
+_tokenizers: dict[ServedModel, Tokenizer] = {}  # by the whole spec: a model reloaded from elsewhere gets its own
 _lock = threading.Lock()
 
 
 def cached_tokenizer(served: ServedModel) -> Tokenizer | None:
     """The tokenizer of ``served`` if it is loaded already (never blocks)."""
-    return _tokenizers.get(served.name)
+    return _tokenizers.get(served)
 
 
 def get_tokenizer(served: ServedModel) -> Tokenizer:
@@ -125,13 +111,13 @@ def get_tokenizer(served: ServedModel) -> Tokenizer:
     Raises:
         APIError: 503 when the model's tokenizer cannot be loaded.
     """
-    tokenizer = _tokenizers.get(served.name)
+    tokenizer = _tokenizers.get(served)
     if tokenizer is None:
         with _lock:
-            tokenizer = _tokenizers.get(served.name)
+            tokenizer = _tokenizers.get(served)
             if tokenizer is None:
                 try:
-                    tokenizer = _tokenizers[served.name] = Tokenizer(served)
+                    tokenizer = _tokenizers[served] = Tokenizer(served)
                 except ModelLoadError as error:
                     raise APIError(f"The tokenizer of '{served.name}' cannot be loaded: {error}", 503) from error
     return tokenizer

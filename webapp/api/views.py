@@ -11,18 +11,20 @@ import time
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 
+from tenants import counters as tenant_counters
 from tenants.identity import Caller
 from tenants.metering import Meter
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
-from webapp.serving.registry import live_workers, model_totals
+from webapp.serving.registry import METRICS_MODELS_KEY, live_workers, model_totals
 from webapp.version import __version__
 
 from .decorators import api_view
 from .errors import APIError, unavailable
 from .generation import Generation, Prompt
 from .protocol import Body, parse_chat, parse_completion, parse_json_body
-from .tokenization import Tokenizer, cached_tokenizer, get_served_model, get_tokenizer, served_models
+from .served import live_models, resolve_served_model
+from .tokenization import Tokenizer, cached_tokenizer, get_tokenizer, served_models
 
 _STARTED = int(time.time())
 
@@ -56,7 +58,7 @@ async def _respond(generation: Generation) -> HttpResponse:
 async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/chat/completions."""
     options, messages, template = parse_chat(Body(parse_json_body(request.body)))
-    served = get_served_model(options.model)
+    served = await resolve_served_model(options.model)
     meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
     text = tokenizer.apply_chat_template(messages, **template)
@@ -68,7 +70,7 @@ async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
 async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/completions (prompt: text, token ids, or a batch of either)."""
     options, prompts = parse_completion(Body(parse_json_body(request.body)))
-    served = get_served_model(options.model)
+    served = await resolve_served_model(options.model)
     meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
     tokenized = []
@@ -84,15 +86,15 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
 
 @api_view("GET")
 async def list_models(request: HttpRequest, caller: Caller) -> HttpResponse:
-    """GET /v1/models: the served models the caller's tenant may use."""
+    """GET /v1/models: the models live now (a ready worker serves them) that the caller's
+    tenant may use; ``created`` is when the first of their workers became ready."""
     data = []
-    for served in served_models():
-        if not caller.tenant.allows_model(served.name):
+    for name, (served, workers) in (await live_models()).items():
+        if not caller.tenant.allows_model(name):
             continue
-        workers = await model_workers(served.name)
-        data.append({"id": served.name, "object": "model", "created": _STARTED, "owned_by": "tessera",
-                     "root": served.model, "parent": None,
-                     "max_model_len": min((w["max_model_len"] for w in workers), default=None)})
+        data.append({"id": name, "object": "model", "created": int(min(w.get("ready_at") or _STARTED for w in workers)),
+                     "owned_by": "tessera", "root": served.model, "parent": None,
+                     "max_model_len": min(w["max_model_len"] for w in workers)})
     return JsonResponse({"object": "list", "data": data})
 
 
@@ -100,7 +102,7 @@ async def list_models(request: HttpRequest, caller: Caller) -> HttpResponse:
 async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
     """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``."""
     body = Body(parse_json_body(request.body))
-    served = get_served_model(body.get("model", str, ""))
+    served = await resolve_served_model(body.get("model", str, ""))
     tokenizer = await _tokenizer(served)
     if "messages" in body.data:
         _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
@@ -126,7 +128,7 @@ async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
 async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
     """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``."""
     body = Body(parse_json_body(request.body))
-    served = get_served_model(body.get("model", str, ""))
+    served = await resolve_served_model(body.get("model", str, ""))
     tokenizer = await _tokenizer(served)
     tokens = body.get("tokens", list, None)
     if tokens is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
@@ -158,11 +160,12 @@ async def version(request: HttpRequest, tenant) -> HttpResponse:
 
 @api_view("GET", authenticate=False)
 async def metrics(request: HttpRequest, tenant) -> HttpResponse:
-    """GET /metrics: Prometheus text format, labelled by ``model_name``."""
+    """GET /metrics: Prometheus text format, labelled by ``model_name`` (see :mod:`webapp.metrics`)."""
     redis = get_redis()
-    workers = await live_workers(redis)
-    models = sorted({s.name for s in served_models()} | {w["model"] for w in workers})
-    body = prometheus.render(workers, await model_totals(redis, models))
+    workers = await live_workers(redis, include_idle=True)
+    models = sorted({s.name for s in served_models()} | {w["model"] for w in workers if w.get("model")}
+                    | {m.decode() for m in await redis.smembers(METRICS_MODELS_KEY)})
+    body = prometheus.render(workers, await model_totals(redis, models), await tenant_counters.read(redis))
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

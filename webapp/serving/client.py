@@ -107,8 +107,8 @@ class GenerationStream:
         self.reply = self._router.open(self._deliver)
         now = time.time()
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
-                     "params": r.params, "arrival": now, "tenant": r.tenant, "priority": r.priority,
-                     "cache_salt": r.cache_salt} for r in self.requests]
+                     "model": self.model, "params": r.params, "arrival": now, "tenant": r.tenant,
+                     "priority": r.priority, "cache_salt": r.cache_salt} for r in self.requests]
         await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
 
     def _deliver(self, messages: list[Message]) -> None:

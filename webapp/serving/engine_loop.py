@@ -79,6 +79,7 @@ class EngineLoop(threading.Thread):
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
+        self._stop_reason = "The worker is shutting down."
         self.tenant_shares: Any = None  # the TenantShares the engine runs on (set_tenant_shares)
         self.stats: Any = None
         self.failed: BaseException | None = None
@@ -116,8 +117,14 @@ class EngineLoop(threading.Thread):
         """Hand new tenant GPU shares (a ``tenant_shares.TenantShares``) to the engine before its next step."""
         self._inbox.put(("shares", shares))
 
-    def stop(self) -> None:
-        """Abort everything and end the loop (returns at once; join the thread to wait)."""
+    def stop(self, reason: str | None = None) -> None:
+        """Abort everything and end the loop (returns at once; join the thread to wait).
+
+        ``reason``: the error message its running requests end with (503); default: the
+        worker is shutting down.
+        """
+        if reason is not None:
+            self._stop_reason = reason
         self._stopping.set()
         self._inbox.put(("stop", None))
 
@@ -148,7 +155,7 @@ class EngineLoop(threading.Thread):
             logger.exception("engine loop failed")
             self.failed = error
         finally:
-            reason = f"The engine failed: {self.failed}" if self.failed else "The worker is shutting down."
+            reason = f"The engine failed: {self.failed}" if self.failed else self._stop_reason
             for rid in list(self._active):
                 self._on_rejected(rid, 503, reason, None)
             self._abort_all()

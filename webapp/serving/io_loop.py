@@ -7,8 +7,9 @@
 * writes the heartbeat (worker info, engine stats, the recent figures of :mod:`.recent_stats`)
   every ``HEARTBEAT_INTERVAL`` seconds,
   adds what the worker's counters and histograms grew by to its model's totals
-  (:mod:`.worker_metrics`), also once more when it stops, and reads the tenants' GPU shares
-  (:mod:`.tenant_shares`), passing them on when they changed.
+  (:mod:`.worker_metrics`), also once more when it stops or its model is unloaded, and reads
+  the tenants' GPU shares (:mod:`.tenant_shares`), passing them on when they changed;
+* logs the engine's throughput and load every ``LOG_INTERVAL`` seconds (:mod:`.stat_logger`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from . import registry
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .recent_stats import RecentStats
+from .stat_logger import LOG_INTERVAL, StatLogger
 from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
 from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 
@@ -51,6 +53,8 @@ class WorkerIO(threading.Thread):
         self.metrics = RequestMetrics()
         self.recent = RecentStats(self.metrics)
         self._deltas = CounterDeltas()
+        self._stat_logger = StatLogger()
+        self._next_log = 0.0
         self.control_channel: str | None = None
         self._info = info
         self._on_abort = on_abort
@@ -84,6 +88,13 @@ class WorkerIO(threading.Thread):
         self._loop.call_soon_threadsafe(
             self._queue.put_nowait, ("error", error_message(request_id, status, message, param), None))
 
+    def end_model(self, timeout: float = 10.0) -> None:
+        """The engine has stopped and its model goes: publish what is queued (the errors to
+        its requests), add its last counter increments to its model's totals, and start the
+        request metrics and counters afresh for the next model. Blocks until done."""
+        done = asyncio.run_coroutine_threadsafe(self._end_model(), self._loop)
+        done.result(timeout)
+
     def stop(self, timeout: float = 5.0) -> None:
         """Flush what is queued, remove the heartbeat, end the thread."""
         if self.is_alive():
@@ -110,10 +121,13 @@ class WorkerIO(threading.Thread):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _shutdown(self) -> None:
+        # The control task is cancelled last: a receive cancelled in the middle of its
+        # blocking pop holds the layer's connection up to the pop's timeout (5 s), which
+        # used to stall (and, past stop's timeout, lose) the last counter increments.
         self._stopping = True
-        await self._queue.put(("flush", None, None))
-        self._tasks[1].cancel()
         self._tasks[2].cancel()
+        await asyncio.gather(self._tasks[2], return_exceptions=True)
+        await self._queue.put(("flush", None, None))
         try:
             await asyncio.wait_for(self._tasks[0], 3.0)
         except asyncio.TimeoutError:
@@ -125,6 +139,12 @@ class WorkerIO(threading.Thread):
             logger.exception("final metrics push failed")
         await redis.delete(registry.worker_key(self.worker_id))
         await redis.zrem(registry.WORKERS_KEY, self.worker_id)
+        self._tasks[1].cancel()
+
+    async def _end_model(self) -> None:
+        finished = self._loop.create_future()
+        await self._queue.put(("end_model", finished, None))
+        await finished
 
     async def _publisher(self) -> None:
         while True:
@@ -135,6 +155,10 @@ class WorkerIO(threading.Thread):
                 await self._publish(batch)
             except Exception:
                 logger.exception("publishing %d items failed", len(batch))
+            for kind, finished, _ in batch:
+                if kind == "end_model":
+                    await self._reset_model_metrics()
+                    finished.set_result(None)
             if self._stopping and any(kind == "flush" for kind, _, _ in batch):
                 return
 
@@ -188,20 +212,42 @@ class WorkerIO(threading.Thread):
             except Exception:
                 logger.exception("heartbeat failed")
 
+    async def _reset_model_metrics(self) -> None:
+        try:
+            await self._push_counters(self._info())
+        except Exception:
+            logger.exception("the unloaded model's last metrics push failed")
+        self.metrics = RequestMetrics()
+        self.recent = RecentStats(self.metrics)
+        self._deltas = CounterDeltas()
+        self._stat_logger.reset()
+
     async def _heartbeat_once(self) -> None:
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         info["recent"] = self.recent.sample(info["stats"])
         await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))
         await self._push_counters(info)
+        self._log_stats(info)
         if self._on_shares is not None:
             shares = decode_shares(await self.layer.connection(0).hgetall(SHARES_KEY))
             if shares != self._shares:
                 self._shares = shares
                 self._on_shares(shares)
 
+    def _log_stats(self, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now < self._next_log or not info.get("model") or not info.get("stats"):
+            return
+        self._next_log = now + LOG_INTERVAL
+        line = self._stat_logger.line(info["stats"], now)
+        if line is not None:
+            logger.info("%s: %s", info["model"], line)
+
     async def _push_counters(self, info: dict[str, Any]) -> None:
         """Add what the counters grew by since the last push to the model's totals (one
-        MULTI/EXEC; on failure the increments stay for the next push)."""
+        MULTI/EXEC; on failure the increments stay for the next push). Nothing without a model."""
+        if not info.get("model"):
+            return
         totals = flat_totals(info["stats"], self.metrics)
         increments = self._deltas.since_commit(totals)
         if not increments:

@@ -1,14 +1,17 @@
 """Redis keys shared by web processes and workers: heartbeats, worker info and request claims.
 
 * ``tessera:workers`` — sorted set, worker id -> time (s) of its last heartbeat.
-* ``tessera:worker:<id>`` — JSON :class:`WorkerInfo` plus live stats, expiring
+* ``tessera:worker:<id>`` — JSON worker info (model, state, device, live stats), expiring
   ``HEARTBEAT_TTL`` seconds after the last heartbeat: a worker that died vanishes.
+* ``tessera:worker:<id>:commands`` — list of model commands to the worker (:mod:`.commands`).
 * ``tessera:claim:<request id>`` — the id of the worker whose engine took the request, or
   ``"aborted"`` when the client left before any worker took it. Set with NX, so exactly
   one party wins: a request is never run twice, and an abort is never lost.
 * ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
   past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
   time the totals started, exported as ``_created``). Workers add increments; never expires.
+  ``tessera:metrics:models`` is the set of those models, so that ``/metrics`` keeps exporting
+  a model's counters after its last worker unloaded it.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import time
 from typing import Any
 
 WORKERS_KEY = "tessera:workers"
+METRICS_MODELS_KEY = "tessera:metrics:models"  # set of the models that have totals
 HEARTBEAT_INTERVAL = 0.5  # seconds between heartbeats
 HEARTBEAT_TTL = 4  # seconds after which a silent worker counts as dead
 CLAIM_TTL = 3600  # seconds; claims are deleted when the request finishes
@@ -39,7 +43,7 @@ def counter_increment_commands(model: str, increments: dict[str, float]) -> list
     """Redis commands that add ``increments`` (field -> amount) to ``model``'s totals; run them
     in one MULTI/EXEC so the totals never hold half a heartbeat's increments."""
     key = metrics_key(model)
-    return [("hsetnx", (key, "created", time.time()), {}),
+    return [("hsetnx", (key, "created", time.time()), {}), ("sadd", (METRICS_MODELS_KEY, model), {}),
             *[("hincrbyfloat", (key, name, amount), {}) for name, amount in increments.items()]]
 
 
@@ -62,18 +66,34 @@ def heartbeat_commands(worker_id: str, info: dict[str, Any]) -> list[tuple[str, 
     ]
 
 
-async def live_workers(redis, model: str | None = None) -> list[dict[str, Any]]:
-    """Info dicts of the workers whose heartbeat is fresh, optionally of one model only.
+async def live_workers(redis, model: str | None = None, include_idle: bool = False) -> list[dict[str, Any]]:
+    """Info dicts of the workers whose heartbeat is fresh and that serve a model, optionally
+    ``model`` only.
 
     ``redis`` is a ``redis.asyncio.Redis``. Each dict has at least ``id``, ``model``,
-    ``control`` (its control channel), ``max_model_len`` and ``stats``.
+    ``control`` (its control channel), ``max_model_len`` and ``stats``. Workers without a
+    model (idle, loading, failed: ``model`` is None) are left out unless ``include_idle``.
     """
     ids = await redis.zrangebyscore(WORKERS_KEY, time.time() - HEARTBEAT_TTL, "+inf")
-    if not ids:
-        return []
-    raw = await redis.mget([worker_key(i.decode() if isinstance(i, bytes) else i) for i in ids])
-    workers = [json.loads(r) for r in raw if r]
-    return [w for w in workers if model is None or w["model"] == model]
+    raw = await redis.mget([_worker_key(i) for i in ids]) if ids else []
+    return [w for w in _decode(raw)
+            if (include_idle and model is None) or (w.get("model") and (model is None or w["model"] == model))]
+
+
+def all_workers(redis) -> list[dict[str, Any]]:
+    """Info dicts of every worker with a fresh heartbeat, with or without a model (``state``
+    says which: ``idle``, ``loading``, ``ready``, ``unloading``, ``failed``); ``redis`` is a
+    synchronous ``redis.Redis``."""
+    ids = redis.zrangebyscore(WORKERS_KEY, time.time() - HEARTBEAT_TTL, "+inf")
+    return _decode(redis.mget([_worker_key(i) for i in ids]) if ids else [])
+
+
+def _worker_key(worker_id: bytes | str) -> str:
+    return worker_key(worker_id.decode() if isinstance(worker_id, bytes) else worker_id)
+
+
+def _decode(raw: list[bytes | None]) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in raw if r]
 
 
 async def worker_info(redis, worker_id: str) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""One engine per Celery worker: build it, run its loops, admit requests from Celery tasks.
+"""One engine at a time per Celery worker: load, unload and reload it, run its loops, admit
+requests from Celery tasks.
 
 Admission (why a dead worker loses no queued request): the worker consumes its model's
 queue one message at a time (prefetch 1, late ack). The task for a message waits here for
@@ -9,9 +10,20 @@ any worker of the model. If the worker dies holding its one unacknowledged messa
 broker puts that message back after the visibility timeout, and the claim guarantees it
 runs at most once. Requests already in the engine are lost with the worker; their clients
 see its heartbeat expire and get an error (see :mod:`webapp.serving.client`).
+
+Models (why the process outlives its engine): a worker may start with a model or with none
+(``idle``), and takes load / unload / reload commands from its command list
+(:mod:`.commands`) on a thread of its own. A load builds the engine on a new engine-loop
+thread (``loading``), then starts consuming the model's queue (``ready``); if building
+fails, the error is kept for the heartbeat (``failed``) and the worker stays as it was
+without a model, ready for the next command. An unload first stops consuming the queue,
+then ends the engine's running requests with an error saying so, adds the model's last
+counter increments to its totals, and drops the engine (its weights and KV cache) before
+the worker reports ``idle``.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -23,47 +35,80 @@ import uuid
 from typing import Any, Callable
 
 import redis
+import torch
 
+from inference import EngineArgs
 from inference.sampling_params import SamplingParams
+from webapp.celery import queue_for
 
 from . import registry
+from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
+from .devices import describe_device, gpu_stats
 from .engine_loop import EngineLoop, EngineRequest
 from .io_loop import WorkerIO
+from .model_spec import ModelSpec
+from .queues import CeleryQueues
 
 logger = logging.getLogger(__name__)
 
 SLOT_POLL = 0.5  # seconds between checks for shutdown while waiting for a slot
 GIL_SWITCH_INTERVAL = 0.0005  # seconds
+COMMAND_POLL = 1.0  # seconds a BLPOP for commands blocks before checking for shutdown
+UNLOADED = "The model was unloaded from this worker; retry the request."
+IDLE, LOADING, READY, UNLOADING, FAILED = "idle", "loading", "ready", "unloading", "failed"
 
 
 class WorkerShuttingDown(Exception):
-    """The worker stops; the message must go back to the queue."""
+    """The worker stops, or no longer serves the message's model: the message must go back
+    to the queue (for another worker of the model)."""
 
 
 class WorkerRuntime:
-    """The engine of this worker process, its step-loop thread and its I/O thread.
+    """This worker process: its I/O thread, its command thread, and the engine of the model
+    it serves (none while ``idle`` or ``failed``) with that engine's step-loop thread.
 
     Args:
-        engine_factory: builds the ``inference.LLMEngine`` (called on the engine-loop thread).
-        served_model_name: the name clients use, also the queue's name.
-        redis_url: Redis for claims (the I/O thread uses the Channels layer's connections).
+        base_args: the worker's engine flags; a loaded model's :class:`ModelSpec` is laid
+            over them (``--kv-cache-space``, ``--block-size`` ... stay the worker's).
+        redis_url: Redis for claims and commands (the I/O thread uses the Channels layer's
+            connections).
         layer: the Channels layer.
-        max_num_seqs: requests admitted at once.
+        engine_builder: builds an ``inference.LLMEngine`` from ``EngineArgs`` (called on the
+            engine-loop thread).
+
+    Attributes:
+        state: ``idle``, ``loading``, ``ready``, ``unloading`` or ``failed`` (idle, with the
+            last load's ``error``).
+        spec: the model loading or served, None without one.
     """
 
-    def __init__(self, engine_factory: Callable[[], Any], served_model_name: str, redis_url: str, layer: Any,
-                 max_num_seqs: int) -> None:
-        self.model = served_model_name
+    def __init__(self, base_args: EngineArgs, redis_url: str, layer: Any,
+                 engine_builder: Callable[[EngineArgs], Any]) -> None:
+        self.base_args = base_args
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._redis_url = redis_url
         self._redis = redis.Redis.from_url(redis_url)
+        self._build_engine = engine_builder
         self._closing = threading.Event()
+        self._lock = threading.Lock()  # admission against unload: no request enters a stopping engine
         self.started = time.time()
+        self.state, self.error = IDLE, None
+        self.spec: ModelSpec | None = None
+        self.ready_at: float | None = None  # time.time() when the current model became ready
+        self.loop: EngineLoop | None = None
+        self.engine: Any = None
+        self.queues: CeleryQueues | None = None  # set once the Celery worker consumes (see serve_commands)
+        self._shares = None
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)
-        self.loop = EngineLoop(engine_factory, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
 
-    def start(self) -> None:
-        """Build the engine on the engine-loop thread, then start the I/O thread (whose first
-        heartbeat makes this worker live).
+    @property
+    def model(self) -> str | None:
+        """The served model's name while an engine serves it (``ready`` or ``unloading``)."""
+        return self.spec.name if self.state in (READY, UNLOADING) else None
+
+    def start(self, spec: ModelSpec | None) -> None:
+        """Start the I/O thread (its first heartbeat registers this worker), then load ``spec``
+        if given.
 
         Raises:
             what building the engine raised (``ModelLoadError``, ``NotSupportedYetError``, ...).
@@ -71,54 +116,161 @@ class WorkerRuntime:
         # The engine thread holds the GIL between torch calls; with the default 5 ms switch
         # interval the I/O thread could wait that long to publish a step's tokens.
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-        self.engine = self.loop.start_and_wait()
         self.io.start_and_wait()
-        logger.info("worker %s serves %s (control channel %s)", self.worker_id, self.model, self.io.control_channel)
+        if spec is not None:
+            self.load(spec)
+        logger.info("worker %s started (%s; commands on %s)", self.worker_id,
+                    f"serves {self.model}" if self.model else "no model", commands_key(self.worker_id))
 
+    # ---- models ------------------------------------------------------------------
+    def load(self, spec: ModelSpec) -> None:
+        """Build ``spec``'s engine (unloading the current model first) and consume its queue.
+
+        Raises:
+            what building the engine raised, or ``QueueControlError``; the worker is then
+            ``failed``, with no model, and takes the next command.
+        """
+        if self.loop is not None:
+            self.unload()
+        self.state, self.spec, self.error = LOADING, spec, None
+        logger.info("loading model %s from %s", spec.name, spec.source)
+        args = spec.engine_args(self.base_args)
+        loop = EngineLoop(lambda: self._build_engine(args), self.io.publish, self.io.reject, args.max_num_seqs,
+                          self._on_engine_failure)
+        try:
+            engine = loop.start_and_wait()
+            if self._shares is not None:
+                loop.set_tenant_shares(self._shares)
+            with self._lock:
+                self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
+            if self.queues is not None:
+                self.queues.consume(queue_for(spec.name))
+        except BaseException as error:
+            if self.loop is loop:  # built, but its queue could not be consumed
+                self.unload()
+            self.state, self.spec, self.error = FAILED, None, f"{type(error).__name__}: {error}"
+            _free_memory()
+            logger.error("loading model %s failed: %s", spec.name, self.error)
+            raise
+        logger.info("model %s is ready (max_model_len %d)", spec.name, engine.max_model_len)
+
+    def unload(self, reason: str = UNLOADED) -> None:
+        """Stop consuming the model's queue, end its running requests with ``reason`` (a 503
+        to their clients), add its last counters to its totals and free the engine."""
+        with self._lock:
+            loop = self.loop
+            if loop is None:
+                self.state, self.spec = IDLE, None
+                return
+            self.state = UNLOADING
+        name = self.spec.name
+        logger.info("unloading model %s", name)
+        if self.queues is not None:
+            try:
+                self.queues.cancel(queue_for(name))
+            except Exception:  # requests it still takes are sent back (see admit)
+                logger.exception("could not stop consuming %s", queue_for(name))
+        loop.stop(reason)
+        loop.join(30)
+        self.io.end_model()
+        with self._lock:
+            self.loop, self.engine, self.spec, self.state = None, None, None, IDLE
+        loop.engine = None
+        del loop
+        _free_memory()
+        logger.info("model %s unloaded", name)
+
+    def run_command(self, command: ModelCommand) -> None:
+        """Carry out one model command; a failed load is reported in the heartbeat, not raised."""
+        try:
+            if command.op == UNLOAD:
+                self.unload()
+            elif command.op in (LOAD, RELOAD):
+                spec = command.spec or self.spec
+                if spec is None:
+                    logger.warning("reload: this worker serves no model")
+                    return
+                self.load(spec)
+        except Exception:  # a failed load is logged by load, and its state and error say what happened
+            if command.op == UNLOAD:
+                logger.exception("unloading failed")
+
+    def serve_commands(self, queues: CeleryQueues) -> None:
+        """Once the Celery worker consumes: take model commands on a thread of its own
+        (returns at once)."""
+        self.queues = queues
+        threading.Thread(target=self._command_loop, name="tessera-worker-commands", daemon=True).start()
+
+    def _command_loop(self) -> None:
+        client = redis.Redis.from_url(self._redis_url, socket_timeout=COMMAND_POLL + 30)
+        while not self._closing.is_set():
+            try:
+                item = client.blpop([commands_key(self.worker_id)], timeout=COMMAND_POLL)
+            except redis.RedisError:
+                logger.exception("reading model commands failed")
+                time.sleep(COMMAND_POLL)
+                continue
+            if item is None or self._closing.is_set():
+                continue
+            try:
+                command = ModelCommand.decode(item[1])
+            except ValueError as error:
+                logger.error("ignored a command: %s", error)
+                continue
+            self.run_command(command)
+
+    # ---- requests ----------------------------------------------------------------
     def admit(self, payload: dict[str, Any]) -> None:
         """Hand one request from a Celery task to the engine; returns once the engine has it.
 
-        ``payload``: ``rid``, ``reply`` (channel), ``prompt_token_ids``, ``params``
-        (SamplingParams keyword arguments), ``priority`` (int, optional), ``cache_salt`` (str,
-        optional), ``arrival`` (``time.time()`` at the web process).
+        ``payload``: ``rid``, ``reply`` (channel), ``model`` (the served model's name),
+        ``prompt_token_ids``, ``params`` (SamplingParams keyword arguments), ``priority`` (int,
+        optional), ``cache_salt`` (str, optional), ``arrival`` (``time.time()`` at the web process).
 
         Raises:
-            WorkerShuttingDown: the worker is stopping before the request got a slot.
+            WorkerShuttingDown: the worker is stopping, or does not serve the request's model
+                (any more), before the request got a slot.
         """
-        while not self.loop.acquire_slot(SLOT_POLL):
-            if self._closing.is_set() or not self.loop.is_alive():
-                raise WorkerShuttingDown()
-        if self._closing.is_set():
-            self.loop.release_slot()
+        loop = self.loop
+        if loop is None or payload.get("model", self.model) != self.model:
             raise WorkerShuttingDown()
-        rid = payload["rid"]
-        if not self._redis.set(registry.claim_key(rid), self.worker_id, nx=True, ex=registry.CLAIM_TTL):
-            self.loop.release_slot()  # aborted by its client, or taken by another worker
-            return
-        try:
-            params = SamplingParams(**payload["params"])
-        except (TypeError, ValueError) as error:
-            self.loop.release_slot()
+        while not loop.acquire_slot(SLOT_POLL):
+            if self._closing.is_set() or not loop.is_alive():
+                raise WorkerShuttingDown()
+        with self._lock:
+            if self._closing.is_set() or loop is not self.loop or self.state != READY:
+                loop.release_slot()
+                raise WorkerShuttingDown()
+            rid = payload["rid"]
+            if not self._redis.set(registry.claim_key(rid), self.worker_id, nx=True, ex=registry.CLAIM_TTL):
+                loop.release_slot()  # aborted by its client, or taken by another worker
+                return
+            try:
+                params = SamplingParams(**payload["params"])
+            except (TypeError, ValueError) as error:
+                loop.release_slot()
+                self.io.add_route(rid, payload["reply"])
+                self.io.reject(rid, 400, str(error), getattr(error, "param", None))
+                return
+            arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
             self.io.add_route(rid, payload["reply"])
-            self.io.reject(rid, 400, str(error), getattr(error, "param", None))
-            return
-        arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
-        self.io.add_route(rid, payload["reply"])
-        self.loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant"),
-                                       priority=int(payload.get("priority", 0)),
-                                       cache_salt=payload.get("cache_salt")))
+            loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant"),
+                                      priority=int(payload.get("priority", 0)),
+                                      cache_salt=payload.get("cache_salt")))
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""
         if self._closing.is_set():
             return
         self._closing.set()
-        self.loop.stop()
+        if self.loop is not None:
+            self.loop.stop()
 
     def close(self) -> None:
         """Wait for the loops to end and remove this worker's heartbeat."""
         self.begin_shutdown()
-        self.loop.join(10)
+        if self.loop is not None:
+            self.loop.join(10)
         self.io.stop()
 
     def _on_engine_failure(self, error: BaseException) -> None:
@@ -129,24 +281,43 @@ class WorkerRuntime:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_abort(self, request_ids: list[str]) -> None:
-        self.loop.abort(request_ids)
+        if self.loop is not None:
+            self.loop.abort(request_ids)
 
     def _on_shares(self, shares) -> None:
-        self.loop.set_tenant_shares(shares)
+        self._shares = shares
+        if self.loop is not None:
+            self.loop.set_tenant_shares(shares)
 
     def _info(self) -> dict[str, Any]:
-        stats = self.loop.stats
-        return {
-            "model": self.model,
+        loop, spec, state = self.loop, self.spec, self.state
+        serving = state in (READY, UNLOADING) and loop is not None and spec is not None
+        stats = loop.stats if serving else None
+        info = {
+            "model": spec.name if serving else None,
+            "source": spec.source if serving else None,
+            "state": state,
+            "loading": spec.name if state == LOADING and spec is not None else None,
+            "error": self.error,
+            "ready_at": self.ready_at if serving else None,
             "pid": os.getpid(),
-            "host": socket.gethostname(),
             "started": self.started,
-            "max_model_len": int(self.engine.max_model_len),
-            "stats": dict(vars(stats)) if not isinstance(stats, dict) else stats,
-            "num_steps": self.loop.num_steps,
-            "tenant_shares": self.loop.tenant_shares.shares if self.loop.tenant_shares else None,
-            "live": self.loop.is_alive() and not self._closing.is_set(),
+            **describe_device(),
+            "gpus": gpu_stats(),
+            "max_model_len": int(self.engine.max_model_len) if serving else None,
+            "stats": (dict(vars(stats)) if not isinstance(stats, dict) else stats) if stats is not None else {},
+            "num_steps": loop.num_steps if serving else 0,
+            "tenant_shares": loop.tenant_shares.shares if serving and loop.tenant_shares else None,
+            "live": serving and state == READY and loop.is_alive() and not self._closing.is_set(),
         }
+        return info
+
+
+def _free_memory() -> None:
+    """Return a dropped engine's memory (its weights and KV cache) to the system / the GPU."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 _runtime: WorkerRuntime | None = None

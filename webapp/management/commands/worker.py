@@ -1,13 +1,15 @@
-"""``manage.py worker [MODEL] [engine flags]``: a Celery worker hosting one engine.
+"""``manage.py worker [MODEL] [engine flags]``: a Celery worker hosting one engine at a time.
 
 Start more of them (same flags, same ``REDIS_URL``) to serve a model data-parallel: they
-all consume the model's queue. ``manage.py serve`` starts one for you.
+all consume the model's queue. ``manage.py serve`` starts one for you. ``--no-model`` starts
+a worker without a model, to which the admin loads one (Models and workers > Workers); the
+engine flags are then the defaults that a loaded model's own settings are laid over.
 """
 from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -16,35 +18,43 @@ from inference import LLMEngine
 from inference.errors import TesseraError
 from webapp.celery import app as celery_app, queue_for
 from webapp.cli import add_engine_arguments, engine_args_from_options
+from webapp.serving.model_spec import ModelSpec
+from webapp.serving.queues import CeleryQueues
 from webapp.serving.runtime import WorkerRuntime, install_runtime
 
 logger = logging.getLogger("tessera.worker")
 
 
 class Command(BaseCommand):
-    help = "Run a Celery worker that hosts one inference engine and serves its model's queue."
+    help = "Run a Celery worker that hosts an inference engine and serves its model's queue."
 
     def add_arguments(self, parser) -> None:
         add_engine_arguments(parser)
+        parser.add_argument("--no-model", action="store_true",
+                            help="Start without a model; load one from the admin (Workers > Load).")
         parser.add_argument("--log-level", default=settings.LOGGING["root"]["level"].lower(),
                             choices=["debug", "info", "warning", "error", "critical"])
 
     def handle(self, *args, **options) -> None:
         engine_args = engine_args_from_options(options)
-        name = engine_args.served_model_name or engine_args.model
         logging.getLogger().setLevel(options["log_level"].upper())
         for logger_name in ("celery.app.trace", "celery.worker.strategy"):  # two lines per request otherwise
             logging.getLogger(logger_name).setLevel(max(logging.WARNING, logging.getLogger().level))
-        runtime = WorkerRuntime(lambda: LLMEngine.from_engine_args(engine_args), name, settings.CELERY_BROKER_URL,
-                                get_channel_layer(), engine_args.max_num_seqs)
+        runtime = WorkerRuntime(engine_args, settings.CELERY_BROKER_URL, get_channel_layer(),
+                                LLMEngine.from_engine_args)
         try:
-            runtime.start()
+            runtime.start(None if options["no_model"] else ModelSpec.from_engine_args(engine_args))
         except TesseraError as error:
+            runtime.close()
             raise CommandError(str(error)) from error
         install_runtime(runtime)
+        hostname = f"tessera@{runtime.worker_id}"
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
+        worker_ready.connect(lambda **_: runtime.serve_commands(CeleryQueues(celery_app, hostname)), weak=False)
+        # A queue of its own keeps an idle worker off Celery's default queue; nothing is sent to it.
+        queues = [f"tessera.worker.{runtime.worker_id}"] + ([queue_for(runtime.model)] if runtime.model else [])
         worker = celery_app.Worker(
-            hostname=f"tessera@{runtime.worker_id}", queues=[queue_for(name)], pool_cls="threads",
+            hostname=hostname, queues=queues, pool_cls="threads",
             concurrency=1, prefetch_multiplier=1, loglevel=options["log_level"].upper(),
             without_mingle=True, without_gossip=True, without_heartbeat=True, optimization="fair")
         try:

@@ -1,0 +1,90 @@
+"""The admin's view of serving: models that can be served, and the live workers.
+
+``ServedModel`` is the operator's catalog (the engine settings of each model). ``Worker``
+mirrors the workers' Redis heartbeats (:mod:`webapp.serving.registry`) so that the admin can
+list them and run actions on them; Redis stays the source of truth (workers on any machine
+write it, none writes this database), and the rows are refreshed from it whenever the
+admin lists workers (:func:`webapp.catalog.workers.sync_workers`).
+"""
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from webapp.serving.model_spec import ModelSpec
+
+from .sources import validate_source
+
+DTYPES = [("auto", "auto (float32 on CPU, the checkpoint's on GPU)"), ("float32", "float32"),
+          ("bfloat16", "bfloat16"), ("float16", "float16")]
+NAME_RULE = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+                           "Use letters, digits and . _ : / - (starting with a letter or digit).")
+
+
+class ServedModel(models.Model):
+    """A model the admin can load on a worker; clients call it by ``name``.
+
+    ``enabled`` off: the model cannot be loaded (a loaded one keeps serving until unloaded).
+    """
+
+    name = models.CharField(max_length=200, unique=True, validators=[NAME_RULE],
+                            help_text="The name clients send as \"model\" (vLLM's --served-model-name).")
+    source = models.CharField(max_length=1000, validators=[validate_source],
+                              help_text="The packaged model's name (smollm2-135m-instruct), a Hugging Face model "
+                                        "directory, or a .gguf file, as the workers see it.")
+    dtype = models.CharField(max_length=16, choices=DTYPES, default="auto")
+    quantization = models.CharField(max_length=32, blank=True, default="",
+                                    help_text="Weight quantization method; empty: none.")
+    max_model_len = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(16)],
+                                                help_text="Context length in tokens (prompt + output); "
+                                                          "empty: the model's.")
+    gpu_memory_utilization = models.FloatField(default=0.9, validators=[MinValueValidator(0.01),
+                                                                        MaxValueValidator(1.0)],
+                                               help_text="Fraction of GPU memory for the engine, 0.01 to 1.")
+    max_num_seqs = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1),
+                                                                        MaxValueValidator(65536)],
+                                               help_text="Requests in one engine step.")
+    tensor_parallel_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1),
+                                                                                   MaxValueValidator(64)],
+                                                            help_text="GPUs per engine.")
+    enabled = models.BooleanField(default=True, help_text="Off: the model cannot be loaded.")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "served model"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def spec(self) -> ModelSpec:
+        """What a worker needs to load this model."""
+        return ModelSpec(name=self.name, source=self.source.strip(), dtype=self.dtype,
+                         quantization=self.quantization or None, max_model_len=self.max_model_len,
+                         gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
+                         tensor_parallel_size=self.tensor_parallel_size)
+
+
+class Worker(models.Model):
+    """A worker process as its last heartbeat described it (refreshed from Redis)."""
+
+    IDLE, LOADING, READY, UNLOADING, FAILED, OFFLINE = "idle", "loading", "ready", "unloading", "failed", "offline"
+    STATES = [(s, s) for s in (IDLE, LOADING, READY, UNLOADING, FAILED, OFFLINE)]
+
+    worker_id = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=255, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    device = models.CharField(max_length=255, blank=True)
+    memory_used_bytes = models.BigIntegerField(null=True, blank=True)
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=200, blank=True, help_text="The served model's name; empty: none.")
+    state = models.CharField(max_length=16, choices=STATES, default=IDLE)
+    error = models.TextField(blank=True, help_text="Why the last load failed.")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["host", "worker_id"]
+
+    def __str__(self) -> str:
+        return self.worker_id
