@@ -82,7 +82,7 @@ class StatsSampler:
 
     async def _sample(self) -> State:
         redis = get_redis()
-        workers = await live_workers(redis)
+        workers = await live_workers(redis, include_idle=True)  # idle, loading and failed ones too
         now = time.time()
         names = sorted({w["model"] for w in workers if w.get("model")})
         sample = Sample(now, tuple(workers), await model_totals(redis, names) if names else {})
