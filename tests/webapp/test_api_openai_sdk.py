@@ -159,6 +159,10 @@ def test_models_list(stack):
     models = stack.openai().models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].max_model_len == 2048
+    one = stack.openai().models.retrieve(MODEL)
+    assert one.id == MODEL and one.max_model_len == 2048
+    with pytest.raises(openai.NotFoundError):
+        stack.openai().models.retrieve("no-such-model")
 
 
 def test_completions_echo(stack):

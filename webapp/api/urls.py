@@ -6,6 +6,7 @@ urlpatterns = [
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
     path("v1/completions", views.completions, name="completions"),
     path("v1/models", views.list_models, name="models"),
+    path("v1/models/<path:model>", views.retrieve_model, name="model"),
     path("tokenize", views.tokenize, name="tokenize"),
     path("detokenize", views.detokenize, name="detokenize"),
     path("health", views.health, name="health"),

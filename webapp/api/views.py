@@ -20,7 +20,7 @@ from webapp.serving.registry import METRICS_MODELS_KEY, live_workers, model_tota
 from webapp.version import __version__
 
 from .decorators import api_view
-from .errors import APIError, unavailable
+from .errors import APIError, not_found, unavailable
 from .generation import Generation, Prompt
 from .protocol import Body, parse_chat, parse_completion, parse_json_body
 from .served import live_models, resolve_served_model
@@ -84,18 +84,30 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     return await _respond(Generation(False, served.name, options, tokenized, meter))
 
 
+def _model_card(name: str, served, workers: list[dict]) -> dict:
+    return {"id": name, "object": "model", "created": int(min(w.get("ready_at") or _STARTED for w in workers)),
+            "owned_by": "tessera", "root": served.model, "parent": None,
+            "max_model_len": min(w["max_model_len"] for w in workers)}
+
+
 @api_view("GET")
 async def list_models(request: HttpRequest, caller: Caller) -> HttpResponse:
     """GET /v1/models: the models live now (a ready worker serves them) that the caller's
     tenant may use; ``created`` is when the first of their workers became ready."""
-    data = []
-    for name, (served, workers) in (await live_models()).items():
-        if not caller.tenant.allows_model(name):
-            continue
-        data.append({"id": name, "object": "model", "created": int(min(w.get("ready_at") or _STARTED for w in workers)),
-                     "owned_by": "tessera", "root": served.model, "parent": None,
-                     "max_model_len": min(w["max_model_len"] for w in workers)})
+    data = [_model_card(name, served, workers) for name, (served, workers) in (await live_models()).items()
+            if caller.tenant.allows_model(name)]
     return JsonResponse({"object": "list", "data": data})
+
+
+@api_view("GET")
+async def retrieve_model(request: HttpRequest, caller: Caller, model: str) -> HttpResponse:
+    """GET /v1/models/{model}: one entry of :func:`list_models`, 404 when it is not live (or not
+    the tenant's to use)."""
+    live = (await live_models()).get(model)
+    if live is None or not caller.tenant.allows_model(model):
+        raise not_found(f"The model '{model}' does not exist or is not served now.", param="model",
+                        code="model_not_found")
+    return JsonResponse(_model_card(model, *live))
 
 
 @api_view("POST", authenticate=False)
