@@ -1,6 +1,7 @@
 """The official ``openai`` SDK against a live server with the real SmolLM2."""
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tests.webapp.serving_stack import MODEL, http, sse_events
