@@ -6,6 +6,8 @@
 2. Triton vs the PyTorch reference backend (float32): greedy tokens and the largest logprob difference.
 3. Async scheduling vs synchronous steps (bf16, graphs, requests of different output lengths):
    greedy tokens must be identical.
+4. Prefix caching on vs off (prompts sharing a 512-token prefix, bf16, graphs): identical tokens.
+5. Swap vs recompute preemption under a KV pool too small for the batch (bf16): identical tokens.
 Writes JSON with the command to benchmarks/results/gpu_check.json (or --output-json).
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from inference import LLM, SamplingParams  # noqa: E402
 
 
 def run(model: str, prompts, max_tokens: int | list[int], **kwargs):
-    llm = LLM(model=model, load_format="dummy", max_model_len=1024, max_num_seqs=64, **kwargs)
+    llm = LLM(model=model, load_format="dummy", max_model_len=1024, **{"max_num_seqs": 64, **kwargs})
     lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0) for n in lengths]
     ahead_before = llm.llm_engine.num_steps_ahead
@@ -37,6 +39,9 @@ def run(model: str, prompts, max_tokens: int | list[int], **kwargs):
     logprobs = [[next(iter(e.values())).logprob for e in o.outputs[0].logprobs] for o in outs]
     free_ok = llm.llm_engine.kv_cache_manager.num_free_blocks == llm.llm_engine.kv_cache_manager.num_blocks
     run.steps_ahead = llm.llm_engine.num_steps_ahead - ahead_before
+    stats = llm.llm_engine.get_stats()
+    run.stats = {"prefix_cache_hits_tokens": stats.prefix_cache_hits_total, "preemptions": stats.num_preemptions_total,
+                 "swapped_out": stats.num_swapped_out_total}
     del llm
     torch.cuda.empty_cache()
     return tokens, logprobs, elapsed, free_ok
@@ -81,6 +86,21 @@ def main() -> None:
                                                             "blocks_returned": sync[3] and ahead[3]}
     print("async vs sync scheduling:", {k: v for k, v in result["async_vs_sync_bf16"].items()
                                         if k != "first_divergence"})
+    shared = [rng.randrange(100, 50000) for _ in range(512)]
+    prefixed = [shared + p[:64] for p in prompts]
+    off = run(args.model, prefixed, lengths, dtype="bfloat16", enable_prefix_caching=False)
+    on = run(args.model, prefixed, lengths, dtype="bfloat16", enable_prefix_caching=True)
+    result["prefix_caching_on_vs_off_bf16"] = compare(on, off) | run.stats | {"blocks_returned": off[3] and on[3]}
+    print("prefix caching on vs off:", {k: v for k, v in result["prefix_caching_on_vs_off_bf16"].items()
+                                        if k != "first_divergence"})
+    small = dict(dtype="bfloat16", num_kv_blocks=160, max_num_seqs=32)  # 32 prompts of up to 364 tokens do not fit
+    recompute = run(args.model, prompts, lengths, preemption_mode="recompute", **small)
+    recompute_stats = run.stats
+    swap = run(args.model, prompts, lengths, preemption_mode="swap", swap_space=1.0, **small)
+    result["swap_vs_recompute_bf16"] = compare(swap, recompute) | {"recompute": recompute_stats, "swap": run.stats,
+                                                                    "blocks_returned": swap[3] and recompute[3]}
+    print("swap vs recompute preemption:", {k: v for k, v in result["swap_vs_recompute_bf16"].items()
+                                            if k != "first_divergence"})
     out = Path(args.output_json) if args.output_json else Path(__file__).resolve().parent / "results" / "gpu_check.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
