@@ -58,7 +58,8 @@ def run_tessera(args, prompts, outputs) -> dict:
     """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
     llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager)
+              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
+              quantization=getattr(args, "quantization", None))
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up

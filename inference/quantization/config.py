@@ -127,7 +127,8 @@ def resolve_quantization(requested: str | None, hf_config, load_format: str = "a
         return found
     if requested in ("awq", "gptq"):
         raise InvalidRequestError(
-            f"quantization={requested!r} needs a {requested.upper()} checkpoint (a quantization_config in "
+            f"quantization={requested!r} needs {'an AWQ' if requested == 'awq' else 'a GPTQ'} checkpoint (a "
+            "quantization_config in "
             f"config.json); this one is not quantized. Make one with `python manage.py quantize --model ... "
             f"--output-dir ... --quantization {requested}`, or use quantization='fp8' (quantized at load).",
             param="quantization")

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import InvalidRequestError
-from ..model_loader import load_tokenizer, resolve_model
+from ..model_loader import check_architecture, load_hf_config, load_tokenizer, resolve_model
 from . import awq, gptq, packing
 from .config import QuantizationConfig
 
@@ -120,15 +120,16 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     if desc_act and method != "gptq":
         raise InvalidRequestError("desc_act (act-order) applies to GPTQ only.", param="desc_act")
     resolved = resolve_model(model)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(resolved.model_dir), dtype=torch.float32,
-                                                    local_files_only=True).to(device).eval()
-    config = hf_model.config
+    config = load_hf_config(resolved.model_dir)
+    check_architecture(config)
     group_size = default_group_size(config) if group_size is None else group_size
     for size in (config.hidden_size, config.intermediate_size):
         if group_size != -1 and (group_size <= 0 or size % group_size or group_size % 16):
             raise InvalidRequestError(f"group_size={group_size} must be -1 or a multiple of 16 dividing the layers' "
                                       f"input features ({config.hidden_size}, {config.intermediate_size}).",
                                       param="group_size")
+    hf_model = AutoModelForCausalLM.from_pretrained(str(resolved.model_dir), dtype=torch.float32,
+                                                    local_files_only=True).to(device).eval()
     qconfig = QuantizationConfig(method, group_size=group_size, zero_point=method == "awq", sym=True,
                                  desc_act=desc_act)
     tokenizer = load_tokenizer(resolved.tokenizer_dir)
@@ -175,7 +176,7 @@ def pack_linear(method: str, codes, scales, zeros, g_idx) -> dict[str, torch.Ten
         return {"qweight": packing.pack_awq(codes), "qzeros": packing.pack_awq(zeros),
                 "scales": scales.to(torch.float16)}
     return {"qweight": packing.pack_gptq_qweight(codes), "qzeros": packing.pack_cols((zeros - 1) & 0xF),
-            "scales": scales.to(torch.float16), "g_idx": g_idx.to(torch.int32)}
+            "scales": scales.to(torch.float16), "g_idx": g_idx.to(torch.int32).clone()}
 
 
 def write_checkpoint(hf_model, results: dict[str, tuple], qconfig: QuantizationConfig, tokenizer,
