@@ -53,7 +53,7 @@ class QuantizationConfig:
         if self.method == "gptq":
             return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
                     "desc_act": self.desc_act, "sym": self.sym, "true_sequential": False,
-                    "damp_percent": 0.01, "static_groups": False, "checkpoint_format": "gptq"}
+                    "damp_percent": 0.1, "static_groups": False, "checkpoint_format": "gptq"}
         raise ValueError(f"{self.method} has no checkpoint format")
 
 

@@ -91,10 +91,7 @@ class Int4LinearMethod(LinearMethodBase):
 
     def dequantized_weight(self, layer: QuantizedLinear, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weights ``[K, N]`` in ``dtype`` (rows in the order ``apply`` multiplies them)."""
-        codes = packing.unpack_gptq_qweight(layer.qweight)
-        zeros = packing.unpack_cols(layer.qzeros)
-        g_idx = packing.group_index(layer.in_features, layer.group_size, codes.device)
-        return packing.dequantize(codes, layer.scales, zeros, g_idx, dtype)
+        return packing.dequantize_internal(layer.qweight, layer.qzeros, layer.scales, layer.group_size, dtype)
 
     def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
         if layer.perm is not None:

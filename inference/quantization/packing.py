@@ -129,3 +129,14 @@ def minmax_params(w_group: torch.Tensor, sym: bool, dim: int = 0) -> tuple[torch
         zeros = torch.clamp(torch.round(-wmin / scales), 0, 15).to(torch.int32)
     scales = scales.to(torch.float16).float()  # as stored on disk, so codes and checkpoint agree
     return scales, zeros
+
+
+def dequantize_internal(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """Dequantize the internal layout (``qweight [K/8, N]``, ``qzeros [G, N/8]``, ``scales [G, N]``, rows
+    sorted by group) to ``[K, N]`` in ``dtype``, computed in float32: the CPU path and the kernel's oracle."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).view(K // group_size, group_size, N)
+    zeros = ((qzeros[:, :, None] >> shifts) & 0xF).view(-1, 1, N)
+    return ((codes.float() - zeros.float()) * scales.float()[:, None, :]).view(K, N).to(dtype)
