@@ -61,13 +61,14 @@ def run_tessera(args, prompts, outputs) -> dict:
     llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
-              async_scheduling=args.async_scheduling)
+              async_scheduling=getattr(args, "async_scheduling", None),
+              quantization=getattr(args, "quantization", None))
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
     produced, steps, occupancy, metrics = 0, 0, [], {}
     engine.device_wait_seconds = 0.0
-    timers = PhaseTimers(engine) if args.phase_timers else None
+    timers = PhaseTimers(engine) if getattr(args, "phase_timers", False) else None
     start = time.perf_counter()
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), prompt, sp)

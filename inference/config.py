@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import InvalidRequestError, NotSupportedYetError
+from .quantization.config import QuantizationConfig
 
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -108,6 +109,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    quant_config: QuantizationConfig | None = None  # resolved from ``quantization`` and config.json
     served_model_name: str | None = None
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()

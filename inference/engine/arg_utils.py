@@ -12,6 +12,8 @@ from ..core.policy import POLICIES
 from ..core.scheduler import PREEMPTION_MODES
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
+from ..quantization import resolve_quantization
+from ..quantization.fp8 import check_fp8_supported
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class EngineArgs:
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
         """
         self._check_ranges()
-        check_not_supported_yet(self.tensor_parallel_size, self.quantization)
+        check_not_supported_yet(self.tensor_parallel_size)
         if self.load_format != "dummy" and is_dummy_only(self.model):
             raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
                                  "tokenizer only). Pass load_format='dummy' to run it with random weights.",
@@ -114,6 +116,9 @@ class EngineArgs:
         if isinstance(checkpoint_dtype, str):
             checkpoint_dtype = getattr(torch, checkpoint_dtype, None)
         dtype = parse_dtype(self.dtype, checkpoint_dtype, device)
+        quant_config = resolve_quantization(self.quantization, hf_config, self.load_format)
+        if quant_config is not None and quant_config.method == "fp8":
+            check_fp8_supported(device)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
         max_model_len = self.max_model_len or model_max
         if max_model_len > model_max:
@@ -129,7 +134,8 @@ class EngineArgs:
             hf_config=hf_config, dtype=dtype, device=device, load_format=self.load_format, seed=self.seed,
             enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
             tensor_parallel_size=self.tensor_parallel_size,
-            quantization=self.quantization, served_model_name=self.served_model_name or self.model,
+            quantization=quant_config.method if quant_config else None, quant_config=quant_config,
+            served_model_name=self.served_model_name or self.model,
             cache=CacheConfig(block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
                               kv_cache_space=self.kv_cache_space, enable_prefix_caching=self.enable_prefix_caching,
                               swap_space=self.swap_space),

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, UnsupportedArchitectureError
+from ..quantization import QuantizationConfig, log_weight_memory, process_quantized_weights, quantize_linear_layers
 from .llama import LlamaFamilyForCausalLM
 
 SUPPORTED_ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -34,7 +35,8 @@ def architecture_of(hf_config) -> str:
 
 
 def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None,
-                check_fits: Callable[[int], None] | None = None) -> nn.Module:
+                check_fits: Callable[[int], None] | None = None,
+                quant_config: QuantizationConfig | None = None) -> nn.Module:
     """Construct the model directly on ``device`` in ``dtype`` and load its weights.
 
     Args:
@@ -52,6 +54,8 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
     try:
         with torch.device("meta"):  # no memory, no random init: every tensor is written below
             model = cls(hf_config, arch, max_position)
+            if quant_config is not None:
+                quantize_linear_layers(model, quant_config)
     finally:
         torch.set_default_dtype(previous)
     if check_fits is not None:
@@ -62,6 +66,8 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
             module.reset_buffers()
     if weights is None:
         _init_dummy(model)
+        if quant_config is not None:
+            process_quantized_weights(model, torch.Generator(device=device).manual_seed(0))
     else:
         try:
             loaded = model.load_weights(weights)
@@ -70,6 +76,10 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
         missing = sorted(set(dict(model.named_parameters())) - loaded)
         if missing:
             raise ModelLoadError(f"Weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        if quant_config is not None:
+            process_quantized_weights(model)
+    if quant_config is not None:
+        log_weight_memory(model, quant_config)
     return model.eval()
 
 
@@ -78,6 +88,8 @@ def _init_dummy(model: nn.Module) -> None:
     """Random weights drawn on the parameters' own device (fast for 7B-sized models on a GPU)."""
     generator = None
     for name, param in model.named_parameters():
+        if not param.is_floating_point() or name.endswith((".qweight", ".qzeros", ".scales", ".g_idx")):
+            continue  # quantized layers draw their own (process_quantized_weights)
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(0)
         if "norm" in name:

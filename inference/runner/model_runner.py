@@ -37,7 +37,7 @@ class ModelRunner:
         weights = None if config.load_format == "dummy" else iter_weights(config.model_dir)
         torch.manual_seed(config.seed)
         self.model = build_model(hf, config.dtype, self.device, config.max_model_len, weights,
-                                 check_fits=device_memory_check(config))
+                                 check_fits=device_memory_check(config), quant_config=config.quant_config)
         self.vocab_size = hf.vocab_size
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads

@@ -1,0 +1,140 @@
+"""Quantized against bf16 weights, in one run on one GPU: per-step decode latency at batch 1..32 on the
+Qwen2.5-7B shape (random weights: bf16, random packed int4 + scales for AWQ/GPTQ, bf16 quantized at load
+for FP8), and W1 offline throughput of FP8 against bf16 (``benchmarks/throughput.py``'s machinery).
+
+    python benchmarks/quantization.py                                   # H200: everything
+    python benchmarks/quantization.py --methods bf16 awq --batch-sizes 1 8 --skip-throughput
+
+Decode latency: ``batch`` requests with ``--prompt-len``-token prompts are admitted; once every request
+has its first token (all later steps are pure decode, replayed from CUDA graphs unless --enforce-eager),
+``--decode-steps`` engine steps are timed and averaged. Weight memory (GiB, and the ratio to bf16) comes
+from each engine's start-up. Writes JSON with the exact command to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inference import LLM, SamplingParams  # noqa: E402
+from inference.quantization import weight_memory  # noqa: E402
+
+from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
+
+
+def _quantization(method: str) -> str | None:
+    return None if method == "bf16" else method
+
+
+def decode_latency(args, method: str) -> dict:
+    """Mean seconds per decode step for each batch size, and the engine's weight memory."""
+    llm = LLM(model=args.model, load_format="dummy", dtype="bfloat16", quantization=_quantization(method),
+              max_model_len=args.prompt_len + args.decode_steps + 64, max_num_seqs=max(args.batch_sizes),
+              enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
+    engine = llm.llm_engine
+    memory = weight_memory(engine.runner.model)
+    result = {"weights_GiB": memory.total_bytes / 2 ** 30, "weights_ratio_to_bf16": memory.total_ratio,
+              "linear_weights_ratio_to_bf16": memory.quantized_ratio, "step_ms": {}}
+    g = torch.Generator().manual_seed(0)
+    vocab = engine.config.hf_config.vocab_size
+    for batch in args.batch_sizes:
+        max_tokens = args.decode_steps + 8
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(f"{method}-{batch}-{i}", torch.randint(100, vocab - 100, (args.prompt_len,),
+                                                                       generator=g).tolist(), params)
+        produced: dict[str, int] = {}
+        while len(produced) < batch or min(produced.values()) < 3:  # prefill done, decode warmed up
+            for out in engine.step():
+                produced[out.request_id] = len(out.outputs[0].token_ids) + produced.get(out.request_id, 0)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.decode_steps):
+            engine.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        result["step_ms"][str(batch)] = 1000 * (time.perf_counter() - start) / args.decode_steps
+        while engine.has_unfinished_requests():
+            engine.step()
+        print(f"{method:>5} batch {batch:3d}: {result['step_ms'][str(batch)]:.3f} ms/step", flush=True)
+    del llm, engine
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return result
+
+
+def w1_throughput(args, method: str) -> dict:
+    """W1 (``--w1-num-prompts`` x 1024 in / 512 out, the performance issue's workload) through run_tessera."""
+    w1 = SimpleNamespace(model=args.model, dtype="bfloat16", load_format="dummy", max_model_len=2048,
+                         max_num_seqs=256, max_num_batched_tokens=16384, kv_cache_space=4.0,
+                         enforce_eager=args.enforce_eager, quantization=_quantization(method), workload="peer-w1",
+                         num_prompts=args.w1_num_prompts, input_len=1024, output_len=512, seed=0)
+    vocab = _vocab(args.model)
+    prompts, outputs = make_workload(w1, vocab)
+    result = run_tessera(w1, prompts, outputs)
+    result.pop("hf_config")
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    print(f"{method:>5} W1: {result['output_tokens_per_s']:.1f} output tok/s", flush=True)
+    return result
+
+
+def _vocab(model: str) -> int:
+    from inference.model_loader import load_hf_config, resolve_model
+    return load_hf_config(resolve_model(model, load_format="dummy").model_dir).vocab_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-7b")
+    parser.add_argument("--methods", nargs="+", default=["bf16", "awq", "gptq", "fp8"],
+                        choices=["bf16", "awq", "gptq", "fp8"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="leaves room for the next method's engine while Python frees the last one")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--w1-num-prompts", type=int, default=256)
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+
+    result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "model": args.model, "prompt_len": args.prompt_len, "decode_steps": args.decode_steps,
+              "decode": {}, "w1": {}}
+    for method in args.methods:
+        result["decode"][method] = decode_latency(args, method)
+    if "bf16" in result["decode"]:
+        base = result["decode"]["bf16"]["step_ms"]
+        for method, entry in result["decode"].items():
+            entry["speedup_vs_bf16"] = {b: base[b] / ms for b, ms in entry["step_ms"].items()}
+            print(f"{method:>5} decode speed-up vs bf16: " + ", ".join(f"B{b} {x:.2f}x" for b, x in
+                                                                      entry["speedup_vs_bf16"].items()))
+    if not args.skip_throughput:
+        for method in [m for m in ("bf16", "fp8") if m in args.methods]:
+            result["w1"][method] = w1_throughput(args, method)
+        if "bf16" in result["w1"] and "fp8" in result["w1"]:
+            result["w1"]["fp8_speedup_vs_bf16"] = (result["w1"]["fp8"]["output_tokens_per_s"]
+                                                   / result["w1"]["bf16"]["output_tokens_per_s"])
+            print(f"  fp8 W1 speed-up vs bf16: {result['w1']['fp8_speedup_vs_bf16']:.2f}x")
+    RESULTS.mkdir(exist_ok=True)
+    device = "h200" if "H200" in result["device"] else result["device"].split()[-1].lower()
+    path = Path(args.output_json) if args.output_json else RESULTS / f"quantization_{args.model}_{device}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""FP8 W8A8 (e4m3): weights quantized at load with one float32 scale per output channel, activations
+quantized per token at run time, multiplied on FP8 tensor cores by ``torch._scaled_mm`` with row-wise
+scales (as vLLM's ``fp8`` method does for a 16-bit checkpoint).
+
+Reference (the CPU path, and the oracle of the tests): quantize both operands exactly as the GPU
+does, dequantize them, and multiply in float32. The engine itself refuses ``quantization="fp8"``
+without FP8 tensor cores (``check_fp8_supported``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidRequestError
+from .linear import LinearMethodBase, QuantizedLinear
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_MIN_SCALE = 1e-12
+
+
+def check_fp8_supported(device: str) -> None:
+    """Raise unless ``device`` has FP8 tensor cores (CUDA compute capability 8.9 or newer).
+
+    Raises:
+        InvalidRequestError (param ``"quantization"``): naming the requirement and this machine.
+    """
+    requirement = ("quantization='fp8' needs a GPU with FP8 tensor cores (compute capability >= 8.9, e.g. "
+                   "H100/H200/L40S)")
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise InvalidRequestError(f"{requirement}; this machine runs on {device} (no CUDA device).",
+                                  param="quantization")
+    capability = torch.cuda.get_device_capability(torch.device(device))
+    if capability < (8, 9):
+        name = torch.cuda.get_device_name(torch.device(device))
+        raise InvalidRequestError(f"{requirement}; this machine has {name} (compute capability "
+                                  f"{capability[0]}.{capability[1]}). Use awq or gptq instead.", param="quantization")
+
+
+def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row FP8 quantization: ``x [R, C]`` -> ``(codes [R, C] float8_e4m3fn, scales [R, 1] float32)``
+    with ``x ~= codes * scales`` and each row's largest magnitude mapped to 448."""
+    scales = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    codes = (x.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return codes, scales
+
+
+class Fp8LinearMethod(LinearMethodBase):
+    """W8A8 FP8 with per-output-channel weight scales and dynamic per-token activation scales.
+
+    Loads ``weight [N, K]`` in the model dtype, then holds ``weight [N, K]`` float8_e4m3fn and
+    ``weight_scale [N]`` float32.
+    """
+
+    def create_weights(self, layer: QuantizedLinear, params_dtype: torch.dtype) -> None:
+        layer.register("weight", (layer.out_features, layer.in_features), params_dtype)
+
+    def output_dim(self, param_name: str) -> tuple[int, int] | None:
+        return (0, 1)
+
+    def init_dummy(self, layer: QuantizedLinear, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            layer.weight.normal_(0.0, 0.02, generator=generator)
+
+    def process_weights_after_loading(self, layer: QuantizedLinear) -> None:
+        with torch.no_grad():
+            codes, scales = quantize_fp8_rowwise(layer.weight)
+        layer.replace("weight", codes)
+        layer.replace("weight_scale", scales.reshape(-1))
+
+    def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+        x_codes, x_scales = quantize_fp8_rowwise(x)
+        if x.is_cuda:
+            # A row-major [T, K] times the column-major view [K, N] of the row-major weight.
+            out = torch._scaled_mm(x_codes, layer.weight.t(), scale_a=x_scales,
+                                   scale_b=layer.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
+            return out.to(x.dtype)
+        w = layer.weight.float() * layer.weight_scale[:, None]
+        return torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)

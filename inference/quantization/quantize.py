@@ -1,0 +1,239 @@
+"""Produce AWQ and GPTQ checkpoints: calibrate on the text shipped in ``data/``, quantize each decoder
+layer in turn, and write the published on-disk format (see ``packing``) with its
+``quantization_config``, which this engine and transformers (with GPTQModel installed) both read.
+
+The float model runs in transformers on the CPU (or ``device``). Layers are processed sequentially:
+each layer's linears see the inputs produced by the already-quantized layers before it (as in
+AutoAWQ and GPTQ's reference code); within a layer all linears are calibrated on the float layer's
+activations.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import InvalidRequestError
+from ..model_loader import check_architecture, load_hf_config, load_tokenizer, resolve_model
+from . import awq, gptq, packing
+from .config import QuantizationConfig
+
+logger = logging.getLogger(__name__)
+DATA_DIR = Path(__file__).parent / "data"
+CALIBRATION_TEXT = DATA_DIR / "calibration.txt"
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How much shipped calibration text to use (``num_samples`` sequences of ``seq_len`` tokens) and
+    how finely AWQ searches (``awq_grid`` scale exponents, the paper's 20; half as many clipping ratios)."""
+
+    num_samples: int = 16
+    seq_len: int = 256
+    awq_grid: int = awq.N_GRID
+
+
+def calibration_batch(tokenizer, calibration: CalibrationConfig) -> torch.Tensor:
+    """``[num_samples, seq_len]`` int64 token ids cut from ``data/calibration.txt`` (wrapping around)."""
+    ids = tokenizer.encode(CALIBRATION_TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    need = calibration.num_samples * calibration.seq_len
+    ids = (ids * (need // len(ids) + 1))[:need]
+    return torch.tensor(ids, dtype=torch.int64).view(calibration.num_samples, calibration.seq_len)
+
+
+def default_group_size(hf_config) -> int:
+    """The largest of 128, 64, 32 that divides every linear layer's input features (SmolLM2's 576 needs 64)."""
+    sizes = [hf_config.hidden_size, hf_config.intermediate_size,
+             hf_config.num_attention_heads * (getattr(hf_config, "head_dim", None)
+                                              or hf_config.hidden_size // hf_config.num_attention_heads)]
+    for group in (128, 64, 32):
+        if all(size % group == 0 for size in sizes):
+            return group
+    return -1
+
+
+class _Stop(Exception):
+    pass
+
+
+def _first_layer_inputs(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    captured = {}
+
+    def hook(module, args, kwargs):
+        captured["hidden"] = args[0] if args else kwargs.pop("hidden_states")
+        captured["kwargs"] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        raise _Stop
+
+    handle = model.model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        model(input_ids, use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return captured["hidden"], captured["kwargs"]
+
+
+def _run_layer(layer, hidden: torch.Tensor, kwargs: dict, record: dict | None = None) -> torch.Tensor:
+    handles = []
+    if record is not None:
+        for name in LINEARS:
+            module = layer.self_attn if name in LINEARS[:4] else layer.mlp
+            handles.append(getattr(module, name).register_forward_pre_hook(
+                lambda m, args, name=name: record.__setitem__(name, args[0].reshape(-1, args[0].shape[-1]))))
+    try:
+        out = layer(hidden, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def quantize_model(model: str, output_dir: str | Path, method: str, group_size: int | None = None,
+                   desc_act: bool = False, calibration: CalibrationConfig = CalibrationConfig(),
+                   device: str = "cpu") -> Path:
+    """Quantize ``model`` with AWQ or GPTQ (4-bit) and write the checkpoint to ``output_dir``.
+
+    Args:
+        model: what the engine accepts: the packaged model name, a Hugging Face directory or a .gguf file.
+        method: ``"awq"`` or ``"gptq"``.
+        group_size: input channels per scale (None: the largest of 128/64/32 dividing the layers; -1:
+            per output channel).
+        desc_act: GPTQ act-order.
+    Returns:
+        ``output_dir``, holding config.json (with ``quantization_config``), model.safetensors and the tokenizer.
+    Raises:
+        InvalidRequestError: a bad ``method`` / ``group_size`` / ``desc_act``; ModelLoadError: a bad ``model``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if method not in ("awq", "gptq"):
+        raise InvalidRequestError(f"quantization must be 'awq' or 'gptq', got {method!r}.", param="quantization")
+    if desc_act and method != "gptq":
+        raise InvalidRequestError("desc_act (act-order) applies to GPTQ only.", param="desc_act")
+    resolved = resolve_model(model)
+    config = load_hf_config(resolved.model_dir)
+    check_architecture(config)
+    group_size = default_group_size(config) if group_size is None else group_size
+    for size in (config.hidden_size, config.intermediate_size):
+        if group_size != -1 and (group_size <= 0 or size % group_size or group_size % 16):
+            raise InvalidRequestError(f"group_size={group_size} must be -1 or a multiple of 16 dividing the layers' "
+                                      f"input features ({config.hidden_size}, {config.intermediate_size}).",
+                                      param="group_size")
+    hf_model = AutoModelForCausalLM.from_pretrained(str(resolved.model_dir), dtype=torch.float32,
+                                                    local_files_only=True).to(device).eval()
+    qconfig = QuantizationConfig(method, group_size=group_size, zero_point=method == "awq", sym=True,
+                                 desc_act=desc_act)
+    tokenizer = load_tokenizer(resolved.tokenizer_dir)
+    hidden, kwargs = _first_layer_inputs(hf_model, calibration_batch(tokenizer, calibration).to(device))
+    results: dict[str, tuple] = {}
+    for index, layer in enumerate(hf_model.model.layers):
+        inputs: dict[str, torch.Tensor] = {}
+        _run_layer(layer, hidden, kwargs, record=inputs)
+        if method == "awq":
+            layer_results = awq.quantize_layer(layer, inputs, group_size, calibration.awq_grid)
+        else:
+            layer_results = _gptq_layer(layer, inputs, qconfig)
+        for name, result in layer_results.items():
+            module = "self_attn" if name in LINEARS[:4] else "mlp"
+            results[f"model.layers.{index}.{module}.{name}"] = result
+        hidden = _run_layer(layer, hidden, kwargs)
+        logger.info("%s: quantized layer %d/%d", method.upper(), index + 1, len(hf_model.model.layers))
+    return write_checkpoint(hf_model, results, qconfig, tokenizer, Path(output_dir))
+
+
+def _gptq_layer(layer, inputs: dict[str, torch.Tensor], qconfig: QuantizationConfig) -> dict[str, tuple]:
+    """GPTQ the linears of one layer; those reading the same input (Q/K/V, gate/up) share one Hessian
+    and are quantized as one matrix (GPTQ treats every output row on its own, so this is exact)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    fused = [("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)]
+    result = {}
+    for names in fused:
+        linears = [getattr(attn if name in LINEARS[:4] else mlp, name) for name in names]
+        weight = torch.cat([linear.weight for linear in linears])
+        codes, scales, zeros, g_idx = gptq.gptq_quantize(weight, gptq.hessian(inputs[names[0]]), qconfig.group_size,
+                                                         qconfig.sym, qconfig.desc_act)
+        start = 0
+        for name, linear in zip(names, linears):
+            rows = slice(start, start + linear.weight.shape[0])
+            start = rows.stop
+            result[name] = (codes[:, rows], scales[:, rows], zeros[:, rows], g_idx)
+            linear.weight.copy_(packing.dequantize(*result[name]).t().to(linear.weight.dtype))
+    return result
+
+
+def pack_linear(method: str, codes, scales, zeros, g_idx) -> dict[str, torch.Tensor]:
+    """One linear layer's tensors in the published format (names without the module prefix)."""
+    if method == "awq":
+        return {"qweight": packing.pack_awq(codes), "qzeros": packing.pack_awq(zeros),
+                "scales": scales.to(torch.float16)}
+    return {"qweight": packing.pack_gptq_qweight(codes), "qzeros": packing.pack_cols((zeros - 1) & 0xF),
+            "scales": scales.to(torch.float16), "g_idx": g_idx.to(torch.int32).clone()}
+
+
+def write_checkpoint(hf_model, results: dict[str, tuple], qconfig: QuantizationConfig, tokenizer,
+                     output_dir: Path) -> Path:
+    """Write config.json (float16, with ``quantization_config``), model.safetensors and the tokenizer."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_model.state_dict().items():
+        module, leaf = name.rsplit(".", 1)
+        if (module in results and leaf == "weight") or (tied and name == "lm_head.weight"):
+            continue
+        state[name] = tensor.detach().to("cpu", torch.float16).contiguous()
+    for module, (codes, scales, zeros, g_idx) in results.items():
+        for leaf, tensor in pack_linear(qconfig.method, codes, scales, zeros, g_idx).items():
+            state[f"{module}.{leaf}"] = tensor.cpu().contiguous()
+    save_file(state, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = hf_model.config.to_dict()
+    config.update(quantization_config=qconfig.to_hf_dict(), dtype="float16", torch_dtype="float16")
+    (output_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tokenizer.save_pretrained(str(output_dir))
+    return output_dir
+
+
+def dequantize_checkpoint(quantized_dir: str | Path, output_dir: str | Path,
+                          dtype: torch.dtype = torch.float32) -> Path:
+    """Write an unquantized copy of an AWQ/GPTQ checkpoint, each linear's weights dequantized with the
+    reference (``packing``): the same weights, loadable by plain transformers (no GPTQModel needed)."""
+    from .config import _from_checkpoint
+
+    quantized_dir, output_dir = Path(quantized_dir), Path(output_dir)
+    config = json.loads((quantized_dir / "config.json").read_text(encoding="utf-8"))
+    qconfig = _from_checkpoint(config.pop("quantization_config"))
+    with safe_open(str(quantized_dir / "model.safetensors"), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    state = {}
+    for name, tensor in tensors.items():
+        module, leaf = name.rsplit(".", 1)
+        if leaf in ("qzeros", "scales", "g_idx"):
+            continue
+        if leaf != "qweight":
+            state[name] = tensor.to(dtype)
+            continue
+        if qconfig.method == "awq":
+            codes, zeros = packing.unpack_awq(tensor), packing.unpack_awq(tensors[f"{module}.qzeros"])
+            g_idx = packing.group_index(codes.shape[0], qconfig.group_size)
+        else:
+            codes = packing.unpack_gptq_qweight(tensor)
+            zeros = (packing.unpack_cols(tensors[f"{module}.qzeros"]) + 1) & 0xF
+            g_idx = tensors[f"{module}.g_idx"]
+        weight = packing.dequantize(codes, tensors[f"{module}.scales"], zeros, g_idx, torch.float32)
+        state[f"{module}.weight"] = weight.t().contiguous().to(dtype)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    config.update(dtype=str(dtype).removeprefix("torch."), torch_dtype=str(dtype).removeprefix("torch."))
+    (output_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    for path in quantized_dir.iterdir():
+        if path.name not in ("config.json", "model.safetensors") and path.is_file():
+            shutil.copy(path, output_dir / path.name)
+    return output_dir

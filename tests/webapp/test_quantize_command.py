@@ -1,0 +1,23 @@
+"""``manage.py quantize`` refuses bad arguments before loading the model (the quantization itself is
+tested in tests/inference/test_quantization_engine.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from webapp import launcher
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--quantization", "awq", "--group-size", "100"], "group_size=100 must be -1 or a multiple of 16"),
+    (["--quantization", "awq", "--desc-act"], "desc_act (act-order) applies to GPTQ only"),
+])
+def test_quantize_command_names_the_bad_argument(tmp_path, flags, message):
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    done = subprocess.run([sys.executable, launcher.MANAGE, "quantize", "--output-dir", str(tmp_path / "out"), *flags],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=launcher.BASE_DIR)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

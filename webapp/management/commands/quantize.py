@@ -1,0 +1,42 @@
+"""``manage.py quantize --model SRC --output-dir DST --quantization awq|gptq``: write a 4-bit checkpoint
+that Tessera and transformers load (a thin wrapper over ``inference.quantization.quantize``)."""
+from __future__ import annotations
+
+import logging
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.errors import TesseraError
+from inference.quantization.quantize import CalibrationConfig, quantize_model
+from webapp.cli import DEFAULT_MODEL
+
+
+class Command(BaseCommand):
+    help = "Quantize a model with AWQ or GPTQ (4-bit) on the shipped calibration text and write the checkpoint."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--model", default=DEFAULT_MODEL,
+                            help=f"Source: the packaged '{DEFAULT_MODEL}' (default), a Hugging Face directory "
+                                 "or a .gguf file.")
+        parser.add_argument("--output-dir", required=True, help="Directory to write the checkpoint to.")
+        parser.add_argument("--quantization", "-q", required=True, choices=["awq", "gptq"])
+        parser.add_argument("--group-size", type=int, default=None,
+                            help="Input channels per scale: 128, 64, 32 or -1 (per channel); default: the largest "
+                                 "of 128/64/32 dividing the model's layers.")
+        parser.add_argument("--desc-act", action="store_true", help="GPTQ act-order.")
+        parser.add_argument("--num-samples", type=int, default=16, help="Calibration sequences.")
+        parser.add_argument("--seq-len", type=int, default=256, help="Tokens per calibration sequence.")
+        parser.add_argument("--device", default="cpu", help="Where the float model runs (cpu, cuda).")
+
+    def handle(self, *args, **options) -> None:
+        logging.getLogger("inference").setLevel(logging.INFO)
+        if options["num_samples"] < 1 or options["seq_len"] < 2:
+            raise CommandError("--num-samples must be at least 1 and --seq-len at least 2.")
+        try:
+            out = quantize_model(options["model"], options["output_dir"], options["quantization"],
+                                 group_size=options["group_size"], desc_act=options["desc_act"],
+                                 calibration=CalibrationConfig(options["num_samples"], options["seq_len"]),
+                                 device=options["device"])
+        except TesseraError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"Wrote {options['quantization'].upper()} checkpoint to {out}")
