@@ -14,7 +14,7 @@ tp)
   timeout 560 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-7b --output-json "$OUT/tensor_parallel.json" 2>&1 | quiet | tail -30 ;;
 quant)
   timeout 420 python3 benchmarks/quantization.py --model .gpucache/qwen2.5-7b --output-json "$OUT/quantization.json" 2>&1 | quiet | tail -30
-  timeout 120 python3 -m inference.quantization.perplexity --quantization fp8 --output-json "$OUT/perplexity_fp8.json" 2>&1 | quiet | tail -5 ;;
+  timeout 150 python3 benchmarks/perplexity.py --dtype bfloat16 --methods none fp8 --output-json "$OUT/perplexity.json" 2>&1 | quiet | tail -6 ;;
 w1peer)
   cd benchmarks
   timeout 120 python3 throughput.py --load-format dummy --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-7b \
