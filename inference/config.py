@@ -113,13 +113,11 @@ class EngineConfig:
         return self.scheduler.max_model_len
 
 
-def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None) -> None:
+def check_not_supported_yet(quantization: str | None = None) -> None:
     """Refuse flags whose features are planned but not built, instead of ignoring them.
 
     Raises:
         NotSupportedYetError: naming the flag.
     """
-    if tensor_parallel_size != 1:
-        raise NotSupportedYetError("tensor_parallel_size > 1 is not supported yet.")
     if quantization:
         raise NotSupportedYetError(f"quantization={quantization!r} is not supported yet.")

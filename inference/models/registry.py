@@ -7,8 +7,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..distributed.process_group import TensorParallelGroup
 from ..errors import ModelLoadError, UnsupportedArchitectureError
 from .llama import LlamaFamilyForCausalLM
+from .parallel_layers import SINGLE_RANK
 
 SUPPORTED_ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaFamilyForCausalLM,
@@ -34,12 +36,14 @@ def architecture_of(hf_config) -> str:
 
 
 def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None,
-                check_fits: Callable[[int], None] | None = None) -> nn.Module:
-    """Construct the model directly on ``device`` in ``dtype`` and load its weights.
+                check_fits: Callable[[int], None] | None = None, tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
+    """Construct the model (this tensor-parallel rank's part of it) directly on ``device`` in ``dtype``
+    and load its weights.
 
     Args:
         weights: iterable of ``(hf_name, tensor)``; None initialises random weights
-            (``load_format="dummy"``: normal(0, 0.02), norms at 1).
+            (``load_format="dummy"``: normal(0, 0.02), norms at 1; the same whole model for every
+            ``tensor_parallel_size``, of which each rank keeps its part).
         check_fits: called with the bytes of the parameters and buffers before any device memory is
             taken; it raises when they cannot fit (so that start-up never ends in a raw out-of-memory trace).
     Raises:
@@ -51,7 +55,7 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):  # no memory, no random init: every tensor is written below
-            model = cls(hf_config, arch, max_position)
+            model = cls(hf_config, arch, max_position, tp)
     finally:
         torch.set_default_dtype(previous)
     if check_fits is not None:
@@ -75,12 +79,20 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
 
 @torch.no_grad()
 def _init_dummy(model: nn.Module) -> None:
-    """Random weights drawn on the parameters' own device (fast for 7B-sized models on a GPU)."""
+    """Random weights drawn on the parameters' own device (fast for 7B-sized models on a GPU).
+
+    A tensor-parallel layer draws its whole unsplit parameter (``full_shape``) and keeps its part,
+    so the random model is the same whatever the ``tensor_parallel_size``."""
     generator = None
     for name, param in model.named_parameters():
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(0)
+        module_name, _, param_name = name.rpartition(".")
+        module = model.get_submodule(module_name)
         if "norm" in name:
             param.fill_(1.0)
+        elif hasattr(module, "full_shape"):
+            full = torch.empty(module.full_shape(param_name), dtype=param.dtype, device=param.device)
+            module.load_weight(param_name, full.normal_(0.0, 0.02, generator=generator))
         else:
             param.normal_(0.0, 0.02, generator=generator)

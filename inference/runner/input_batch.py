@@ -36,8 +36,9 @@ class ModelInput:
 
 
 @dataclass
-class _HostBatch:
-    """The step's host arrays (numpy), before they go to the device."""
+class HostBatch:
+    """The step's host arrays (numpy), before they go to the device: all a tensor-parallel rank
+    needs to run the step (rank 0 sends it to the other ranks)."""
 
     input_ids: np.ndarray      # [T] int64
     positions: np.ndarray      # [T] int64
@@ -63,7 +64,8 @@ def padded_block_tables(tables: list[list[int]], dtype=np.int32) -> np.ndarray:
     return out
 
 
-def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
+def host_batch(out: SchedulerOutput, block_size: int) -> HostBatch:
+    """Flatten the scheduled requests into host arrays (one pass, vectorised where it counts)."""
     num_reqs = len(out.scheduled)
     counts = np.fromiter((s.num_scheduled_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
     contexts = np.fromiter((s.request.num_computed_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
@@ -97,13 +99,13 @@ def _host_batch(out: SchedulerOutput, block_size: int) -> _HostBatch:
             if scored:
                 prompt_rows[req.request_id] = (start, scored)
     slots = block_of_token * block_size + positions % block_size
-    return _HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
+    return HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
                       contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows)
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch") -> ModelInput:
-    """Build the inputs of a step: tokens of every scheduled request back to back, no padding."""
-    host = _host_batch(out, block_size)
+def device_inputs(host: HostBatch, block_size: int, device: str, backend: str = "torch") -> ModelInput:
+    """The inputs of a step on the device: tokens of every scheduled request back to back, no padding
+    (each host array copied once)."""
     if backend == "torch":
         meta = _torch_metadata(host, block_size, device)
     else:
@@ -113,7 +115,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: 
                       _to_device(host.logits_rows, device), host.prompt_rows)
 
 
-def _torch_metadata(host: _HostBatch, block_size: int, device: str) -> AttentionMetadata:
+def _torch_metadata(host: HostBatch, block_size: int, device: str) -> AttentionMetadata:
     decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
     starts = host.starts.tolist()
     for i, (table, ctx) in enumerate(zip(host.tables, host.contexts.tolist())):
@@ -131,7 +133,7 @@ def _torch_metadata(host: _HostBatch, block_size: int, device: str) -> Attention
         block_size=block_size)
 
 
-def _triton_metadata(host: _HostBatch, block_size: int, device: str) -> AttentionMetadata:
+def _triton_metadata(host: HostBatch, block_size: int, device: str) -> AttentionMetadata:
     tables = padded_block_tables(host.tables)
     query_lens = np.diff(host.starts)
     seq_lens = host.contexts + query_lens
