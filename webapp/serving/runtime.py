@@ -6,8 +6,9 @@ a free engine slot, claims the request in Redis (``SET NX``), hands it to the en
 and only then returns, which acknowledges the message. A worker therefore takes a request
 out of Redis only when its engine has room for it; everything else stays in the queue for
 any worker of the model. If the worker dies holding its one unacknowledged message, the
-broker puts that message back after the visibility timeout, and the claim guarantees it
-runs at most once. Requests already in the engine are lost with the worker; their clients
+other workers put the request back on the queue within about 5 s (:mod:`.held`); the broker
+also redelivers the message after its visibility timeout, and the claim guarantees the
+request runs at most once. Requests already in the engine are lost with the worker; their clients
 see its heartbeat expire and get an error (see :mod:`webapp.serving.client`).
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ import redis
 
 from inference.sampling_params import SamplingParams
 
-from . import registry
+from webapp.celery import queue_for
+
+from . import held, registry
 from .engine_loop import EngineLoop, EngineRequest
 from .io_loop import WorkerIO
 
@@ -60,6 +63,7 @@ class WorkerRuntime:
         self.started = time.time()
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)
         self.loop = EngineLoop(engine_factory, self.io.publish, self.io.reject, max_num_seqs, self._on_engine_failure)
+        self.reclaimer = held.OrphanReclaimer(self._redis, self.model, self._requeue)
 
     def start(self) -> None:
         """Build the engine on the engine-loop thread, then start the I/O thread (whose first
@@ -73,6 +77,7 @@ class WorkerRuntime:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         self.engine = self.loop.start_and_wait()
         self.io.start_and_wait()
+        self.reclaimer.start()
         logger.info("worker %s serves %s (control channel %s)", self.worker_id, self.model, self.io.control_channel)
 
     def admit(self, payload: dict[str, Any]) -> None:
@@ -85,9 +90,8 @@ class WorkerRuntime:
         Raises:
             WorkerShuttingDown: the worker is stopping before the request got a slot.
         """
-        while not self.loop.acquire_slot(SLOT_POLL):
-            if self._closing.is_set() or not self.loop.is_alive():
-                raise WorkerShuttingDown()
+        if not self.loop.acquire_slot(0):
+            self._wait_for_slot(payload)
         if self._closing.is_set():
             self.loop.release_slot()
             raise WorkerShuttingDown()
@@ -108,6 +112,17 @@ class WorkerRuntime:
                                        priority=int(payload.get("priority", 0)),
                                        cache_salt=payload.get("cache_salt")))
 
+    def _wait_for_slot(self, payload: dict[str, Any]) -> None:
+        """Wait for a free engine slot while the request is recorded as held by this worker
+        (so that the others take it over if this worker dies meanwhile)."""
+        held.hold(self._redis, self.model, self.worker_id, payload)
+        try:
+            while not self.loop.acquire_slot(SLOT_POLL):
+                if self._closing.is_set() or not self.loop.is_alive():
+                    raise WorkerShuttingDown()
+        finally:
+            held.release(self._redis, self.model, payload["rid"])
+
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""
         if self._closing.is_set():
@@ -118,6 +133,7 @@ class WorkerRuntime:
     def close(self) -> None:
         """Wait for the loops to end and remove this worker's heartbeat."""
         self.begin_shutdown()
+        self.reclaimer.stop()
         self.loop.join(10)
         self.io.stop()
 
@@ -127,6 +143,10 @@ class WorkerRuntime:
         logger.error("engine failed (%s); stopping worker %s", error, self.worker_id)
         self._closing.set()
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def _requeue(self, payload: dict[str, Any]) -> None:
+        from .client import _enqueue  # noqa: PLC0415 (client imports the tasks, which import this module)
+        _enqueue(queue_for(self.model), [payload])
 
     def _on_abort(self, request_ids: list[str]) -> None:
         self.loop.abort(request_ids)
