@@ -74,7 +74,7 @@ def test_requests_not_started_go_to_the_surviving_worker(two_workers):
 
     async def run() -> tuple[list[tuple[int, bytes]], float]:
         requests = [asyncio.ensure_future(asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
-                                                             None, 120)) for _ in range(4)]
+                                                             None, 300)) for _ in range(4)]
         deadline = time.monotonic() + 30
         # The load is spread: one request running on each worker, and each worker holds one more
         # that it cannot start yet (never more: the rest would stay in Redis for either worker).
