@@ -93,7 +93,7 @@ def main() -> None:
 
     from gpu_check import compare
     from throughput import write_result
-    argv = [a for a in sys.argv[1:] if not a.startswith("--output-json")]
+    argv = sys.argv[1:]  # the children ignore --output-json
     sizes = [int(s) for s in args.tp_sizes.split(",")]
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "model": args.model, "tp_sizes": sizes, "check": {}, "throughput": {}}

@@ -8,7 +8,7 @@ was closed). NCCL on CUDA devices, gloo on CPU.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,11 +26,13 @@ class TensorParallelGroup:
         rank: this process's rank (0 runs the scheduler and samples).
         world_size: ``tensor_parallel_size``.
         pg: the torch process group (None when ``world_size == 1``).
+        store: the rendezvous store, which must outlive ``pg``.
     """
 
     rank: int = 0
     world_size: int = 1
     pg: object | None = None
+    store: object | None = field(default=None, repr=False)
 
     @property
     def is_first(self) -> bool:
@@ -94,7 +96,6 @@ def join_group(rank: int, world_size: int, device: str, store: dist.Store | None
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     else:
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    group = TensorParallelGroup(rank, world_size, pg)
-    group._store = store  # the store must outlive the group
+    group = TensorParallelGroup(rank, world_size, pg, store)
     group.barrier(device)
     return group

@@ -106,11 +106,13 @@ class RankProcesses:
         """Process ids of ranks 1..world_size-1."""
         return [p.pid for p in self.processes]
 
-    def wait_ready(self) -> None:
-        """Wait until every rank has built its model and KV cache (rank 0 has too by then).
+    def wait_for(self, state: str) -> None:
+        """Wait until every rank reports ``state``: ``"started"`` (imports done, about to join the
+        group: rank 0 joins only then, so that a rank dying at start-up is not a wait for the
+        group's timeout) or ``"ready"`` (model and KV cache built; rank 0's too by then).
 
         Raises:
-            TensorParallelError: a rank failed or exited while starting.
+            TensorParallelError: a rank failed or exited first.
         """
         pending = dict(zip(self.connections, range(1, self.world_size)))
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -118,14 +120,14 @@ class RankProcesses:
             for conn in wait_for_connections(list(pending), timeout=1.0):
                 rank = pending.pop(conn)
                 kind, detail = self._receive(rank)
-                if kind != "ready":
+                if kind != state:
                     raise self._fail(rank, detail)
             for conn, rank in pending.items():
                 proc = self.processes[rank - 1]
                 if not proc.is_alive() and not conn.poll():
                     raise self._fail(rank, f"the process {_describe_exit(proc.exitcode)} while starting")
             if time.monotonic() > deadline:
-                raise self._fail(min(pending.values()), f"not ready after {START_TIMEOUT_S:.0f} s")
+                raise self._fail(min(pending.values()), f"not {state} after {START_TIMEOUT_S:.0f} s")
 
     def send(self, plan) -> None:
         """Send one step's ``StepPlan`` to every rank (pickled once).

@@ -15,8 +15,8 @@ import time
 import traceback
 
 PARENT_POLL_S = 0.5  # seconds between checks that the parent (rank 0) is alive
-# Test hook: "RANK:STEP" makes that rank raise in its STEP-th step (1-based), so the tests can
-# check how an error in a rank is reported and cleaned up. Read once per rank process.
+# Test hook: "RANK:STEP" makes that rank raise in its STEP-th step (1-based; 0: while building its
+# model), so the tests can check how an error in a rank is reported and cleaned up.
 FAULT_ENV = "TESSERA_TEST_TP_FAIL_AT"
 
 
@@ -47,7 +47,8 @@ def rank_main(config, rank: int, world_size: int, port: int, conn, num_kv_blocks
         config: the engine's ``EngineConfig`` (its device becomes ``cuda:<rank>`` on GPUs).
         port: rank 0's rendezvous store on 127.0.0.1.
         conn: this rank's end of its pipe to rank 0: receives pickled ``StepPlan`` bytes (``b""`` to
-            stop) and sends ``("ready", None)`` once built, ``("error", traceback text)`` on failure.
+            stop) and sends ``("started", None)`` before joining the group, ``("ready", None)`` once
+            built, ``("error", traceback text)`` on failure.
         num_threads: torch CPU threads of this rank (the cores divided among the ranks).
     """
     _exit_when_parent_dies(parent_pid)
@@ -62,7 +63,10 @@ def rank_main(config, rank: int, world_size: int, port: int, conn, num_kv_blocks
         config = dataclasses.replace(config, device=f"cuda:{rank}")
     fail_at = _fault_step(rank)
     try:
+        conn.send(("started", None))  # rank 0 joins the group only once every rank can
         group = join_group(rank, world_size, config.device, port=port)
+        if fail_at == 0:
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) while building the model")
         runner = ModelRunner(config, num_kv_blocks, tp=group)
         conn.send(("ready", None))
         step = 0

@@ -36,9 +36,10 @@ class TensorParallelRunner(ModelRunner):
         try:
             if self._threads_before is not None:
                 torch.set_num_threads(num_threads)
+            self.ranks.wait_for("started")
             group = join_group(0, world_size, config.device, store=self.ranks.store)
             super().__init__(config, num_kv_blocks, tp=group)
-            self.ranks.wait_ready()
+            self.ranks.wait_for("ready")
         except TensorParallelError:
             self.close()
             raise

@@ -166,6 +166,31 @@ def test_error_in_a_rank_names_it_and_ends_the_others(tiny_qwen2, filler_prompts
 
 
 @pytest.mark.timeout(300)
+def test_error_in_a_rank_at_start_up(tiny_qwen2, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1:0")  # rank 1 raises while rank 0 builds its part of the model
+    children_before = set(_children())
+    with pytest.raises(TensorParallelError, match=r"rank 1 failed: RuntimeError: injected fault .* building"):
+        LLM(model=tiny_qwen2, tensor_parallel_size=2, **TINY_ARGS)
+    assert _wait_gone(sorted(set(_children()) - children_before), 10) == []
+
+
+def _children() -> list[int]:
+    """Process ids of this process's live children started by multiprocessing's spawn (the rank
+    processes; not its resource tracker)."""
+    me = os.getpid()
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            spawned = b"spawn_main" in (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] not in ("Z", "X") and spawned:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.timeout(300)
 def test_killed_rank_is_named_in_the_error(tiny_qwen2, filler_prompts):
     llm = LLM(model=tiny_qwen2, tensor_parallel_size=2, **TINY_ARGS)
     (pid,) = _rank_pids(llm)
