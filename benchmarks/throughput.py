@@ -62,7 +62,8 @@ def run_tessera(args, prompts, outputs) -> dict:
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
               async_scheduling=getattr(args, "async_scheduling", None),
-              quantization=getattr(args, "quantization", None))
+              quantization=getattr(args, "quantization", None),
+              tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
@@ -182,6 +183,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
@@ -230,8 +232,13 @@ def main() -> None:
         result["ratio"] = ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
         print(f"transformers: {peer['output_tokens_per_s']:10.1f} output tok/s ({peer['seconds']:.1f} s)")
         print(f"ratio:        {result['ratio']:10.2f}x")
+    write_result(result, args.output_json, f"throughput_{args.model.replace('/', '_')}_{ours['device']}.json")
+
+
+def write_result(result: dict, output_json: str | None, default_name: str) -> None:
+    """Write ``result`` as JSON to ``output_json``, or to ``benchmarks/results/<default_name>``."""
     RESULTS.mkdir(exist_ok=True)
-    path = Path(args.output_json) if args.output_json else RESULTS / f"throughput_{args.model.replace('/', '_')}_{ours['device']}.json"
+    path = Path(output_json) if output_json else RESULTS / default_name
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 

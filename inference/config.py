@@ -120,12 +120,12 @@ class EngineConfig:
 
 
 def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None) -> None:
-    """Refuse flags whose features are planned but not built, instead of ignoring them.
+    """Refuse combinations whose features are planned but not built, instead of ignoring them.
 
     Raises:
-        NotSupportedYetError: naming the flag.
+        NotSupportedYetError: quantized weights under tensor parallelism (the quantized layers do
+            not shard their packed weights yet), naming both settings.
     """
-    if tensor_parallel_size != 1:
-        raise NotSupportedYetError("tensor_parallel_size > 1 is not supported yet.")
-    if quantization:
-        raise NotSupportedYetError(f"quantization={quantization!r} is not supported yet.")
+    if tensor_parallel_size > 1 and quantization:
+        raise NotSupportedYetError(f"quantization={quantization!r} with tensor_parallel_size={tensor_parallel_size} "
+                                   "is not supported yet; use tensor_parallel_size=1 or unquantized weights.")

@@ -29,6 +29,17 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model=model, **kwargs))
         self._next_id = 0
 
+    def close(self) -> None:
+        """End the engine's tensor-parallel rank processes now (they also end when this object is
+        garbage-collected or the interpreter exits)."""
+        self.llm_engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 

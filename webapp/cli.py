@@ -35,7 +35,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--preemption-mode": ("preemption_mode", {"default": "recompute", "choices": ["recompute", "swap"],
                                               "help": "What preemption does with a request's KV: recompute it "
                                                       "later, or swap it to the CPU swap space and back."}),
-    "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1, "help": "GPUs per engine."}),
+    "--tensor-parallel-size": ("tensor_parallel_size", {"type": int, "default": 1,
+                                                        "help": "Ranks (GPUs) per engine: tensor parallelism."}),
     "--quantization": ("quantization", {"help": "Weight quantization method."}),
     "--kv-cache-space": ("kv_cache_space", {"type": float, "default": 4.0,
                                             "help": "GiB of KV cache when running on CPU."}),

@@ -10,6 +10,7 @@ import torch
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
 from ..core.policy import POLICIES
 from ..core.scheduler import PREEMPTION_MODES
+from ..distributed.partition import check_tensor_parallel_size
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 from ..quantization import resolve_quantization
@@ -103,7 +104,6 @@ class EngineArgs:
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
         """
         self._check_ranges()
-        check_not_supported_yet(self.tensor_parallel_size)
         if self.load_format != "dummy" and is_dummy_only(self.model):
             raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
                                  "tokenizer only). Pass load_format='dummy' to run it with random weights.",
@@ -112,11 +112,13 @@ class EngineArgs:
         hf_config = load_hf_config(resolved.model_dir)
         check_architecture(hf_config)
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        check_tensor_parallel_size(self.tensor_parallel_size, hf_config, self.model, device)
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(checkpoint_dtype, str):
             checkpoint_dtype = getattr(torch, checkpoint_dtype, None)
         dtype = parse_dtype(self.dtype, checkpoint_dtype, device)
         quant_config = resolve_quantization(self.quantization, hf_config, self.load_format)
+        check_not_supported_yet(self.tensor_parallel_size, quant_config.method if quant_config else None)
         if quant_config is not None and quant_config.method == "fp8":
             check_fp8_supported(device)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192

@@ -62,6 +62,14 @@ class _ParentRequest:
     finished_children: set[str] = field(default_factory=set)
 
 
+def make_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
+    """A ``ModelRunner``, or with ``tensor_parallel_size > 1`` rank 0's runner that spawns the other ranks."""
+    if config.tensor_parallel_size == 1:
+        return ModelRunner(config, num_kv_blocks)
+    from ..distributed.tp_runner import TensorParallelRunner  # noqa: PLC0415
+    return TensorParallelRunner(config, num_kv_blocks)
+
+
 def _eos_token_ids(tokenizer, hf_config) -> tuple[int, ...]:
     """EOS ids of the tokenizer and the model config that the model can emit (``< vocab_size``)."""
     ids: set[int] = set()
@@ -84,7 +92,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer)
-        self.runner = ModelRunner(config, num_kv_blocks)
+        self.runner = make_runner(config, num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
                                                enable_prefix_caching=config.cache.enable_prefix_caching,
                                                num_cpu_blocks=self.runner.num_cpu_blocks)
@@ -99,6 +107,11 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.prompt_tokens_computed_total = 0
+
+    def close(self) -> None:
+        """Release the engine's processes (the tensor-parallel ranks); a no-op for a single rank.
+        Also happens when the engine is garbage-collected or the interpreter exits."""
+        self.runner.close()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":

@@ -4,7 +4,9 @@ One implementation with per-architecture switches read from the Hugging Face con
 Qwen2 adds a bias to the Q/K/V projections, Qwen3 normalises each query and key head
 (RMSNorm over ``head_dim``) before rotary embedding, Llama 3 scales RoPE frequencies.
 Q/K/V and gate/up projections are fused into one matmul each; each layer knows how to
-load the separate Hugging Face tensors into its fused weight.
+load the separate Hugging Face tensors into its fused weight. With tensor parallelism
+(``tp``, see :mod:`.parallel_layers`) each rank holds its heads, its part of the MLP and of
+the vocabulary; ``o_proj`` and ``down_proj`` all-reduce.
 """
 from __future__ import annotations
 
@@ -12,46 +14,29 @@ import torch
 from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention
+from ..distributed.process_group import TensorParallelGroup
 from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
-
-
-class FusedLinear(nn.Linear):
-    """A linear layer whose output rows are the concatenation of several HF projections.
-
-    ``shard_sizes`` maps each HF projection name (``"q_proj"``) to its number of output rows.
-    """
-
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
-        self.offsets: dict[str, tuple[int, int]] = {}
-        start = 0
-        for name, size in shard_sizes.items():
-            self.offsets[name] = (start, start + size)
-            start += size
-
-    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
-        start, end = self.offsets[shard]
-        target = getattr(self, param_name)
-        if tensor.shape[0] != end - start or tensor.shape[1:] != target.shape[1:]:
-            raise ValueError(f"{shard}.{param_name}: expected rows {end - start}, got {tuple(tensor.shape)}")
-        with torch.no_grad():
-            target[start:end].copy_(tensor)
+from .parallel_layers import (SINGLE_RANK, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                              RowParallelLinear, VocabParallelEmbedding, parallel_logits)
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config, arch: str, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, arch: str, rotary: RotaryEmbedding, tp: TensorParallelGroup) -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
+        bias = bool(getattr(config, "attention_bias", False)) or arch == "Qwen2ForCausalLM"
+        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, total_heads, total_kv_heads, bias, tp)
+        self.num_heads = self.qkv_proj.partition.num_heads  # this rank's heads
+        self.num_kv_heads = self.qkv_proj.partition.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        bias = bool(getattr(config, "attention_bias", False)) or arch == "Qwen2ForCausalLM"
-        self.qkv_proj = FusedLinear(hidden, {"q_proj": self.q_size, "k_proj": self.kv_size,
-                                             "v_proj": self.kv_size}, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=bool(getattr(config, "attention_bias", False))
-                                and arch != "Qwen2ForCausalLM")
+        q_start = self.qkv_proj.partition.q_start * self.head_dim
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden,
+                                        bool(getattr(config, "attention_bias", False)) and arch != "Qwen2ForCausalLM",
+                                        tp, in_range=(q_start, q_start + self.q_size))
         self.qk_norm = arch == "Qwen3ForCausalLM"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -74,22 +59,24 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, tp: TensorParallelGroup) -> None:
         super().__init__()
         inter = config.intermediate_size
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": inter, "up_proj": inter}, bias=bias)
-        self.down_proj = nn.Linear(inter, config.hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, {"gate_proj": inter, "up_proj": inter},
+                                                       bias, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias, tp,
+                                           in_range=self.gate_up_proj.shard_ranges["gate_proj"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, arch: str, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, arch: str, rotary: RotaryEmbedding, tp: TensorParallelGroup) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, arch, rotary)
-        self.mlp = GatedMLP(config)
+        self.self_attn = DecoderAttention(config, arch, rotary, tp)
+        self.mlp = GatedMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -105,14 +92,12 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, arch: str, max_position: int) -> None:
+    def __init__(self, config, arch: str, max_position: int, tp: TensorParallelGroup) -> None:
         super().__init__()
-        # _weight skips the random init (the weights are loaded right after construction).
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary_emb = RotaryEmbedding(config, head_dim, max_position)
-        self.layers = nn.ModuleList(DecoderLayer(config, arch, self.rotary_emb)
+        self.layers = nn.ModuleList(DecoderLayer(config, arch, self.rotary_emb, tp)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -125,16 +110,21 @@ class LlamaFamilyForCausalLM(nn.Module):
     """Causal LM over a flattened batch with a paged KV cache.
 
     ``forward(input_ids [T] int64, positions [T] int64, kv_caches, meta) -> hidden [T, H]``;
-    ``compute_logits(hidden [N, H]) -> [N, vocab] float32``.
+    ``compute_logits(hidden [N, H]) -> [N, vocab] float32`` (None on tensor-parallel ranks other
+    than 0, which must still call it: the ranks gather the logits together).
+
+    Args:
+        tp: this rank's tensor-parallel group (a single rank by default).
     """
 
-    def __init__(self, config, arch: str, max_position: int) -> None:
+    def __init__(self, config, arch: str, max_position: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, arch, max_position)
+        self.tp = tp
+        self.model = DecoderModel(config, arch, max_position, tp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -149,11 +139,12 @@ class LlamaFamilyForCausalLM(nn.Module):
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(hidden, self.lm_head_weight.t()).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return parallel_logits(hidden, self.lm_head_weight, self.config.vocab_size, self.tp)
 
     def load_weights(self, weights) -> set[str]:
-        """Copy Hugging Face named tensors into this model (fusing Q/K/V and gate/up).
+        """Copy Hugging Face named tensors into this model (fusing Q/K/V and gate/up; each
+        tensor-parallel layer takes its rank's part of the full tensor).
 
         Args:
             weights: iterable of ``(hf_name, tensor)``.
@@ -177,10 +168,15 @@ class LlamaFamilyForCausalLM(nn.Module):
                 continue
             if name not in params:
                 continue
-            param = params[name]
-            if param.shape != tensor.shape:
-                raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
-            with torch.no_grad():
-                param.copy_(tensor)
+            module_name, _, param_name = name.rpartition(".")
+            module = self.get_submodule(module_name)
+            if hasattr(module, "load_weight"):
+                module.load_weight(param_name, tensor)
+            else:
+                param = params[name]
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                with torch.no_grad():
+                    param.copy_(tensor)
             loaded.add(name)
         return loaded

@@ -7,9 +7,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..distributed.process_group import TensorParallelGroup
 from ..errors import ModelLoadError, UnsupportedArchitectureError
 from ..quantization import QuantizationConfig, log_weight_memory, process_quantized_weights, quantize_linear_layers
 from .llama import LlamaFamilyForCausalLM
+from .parallel_layers import SINGLE_RANK
 
 SUPPORTED_ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaFamilyForCausalLM,
@@ -36,12 +38,14 @@ def architecture_of(hf_config) -> str:
 
 def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, weights=None,
                 check_fits: Callable[[int], None] | None = None,
-                quant_config: QuantizationConfig | None = None) -> nn.Module:
-    """Construct the model directly on ``device`` in ``dtype`` and load its weights.
+                quant_config: QuantizationConfig | None = None, tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
+    """Construct the model (this tensor-parallel rank's part of it) directly on ``device`` in ``dtype``
+    and load its weights.
 
     Args:
         weights: iterable of ``(hf_name, tensor)``; None initialises random weights
-            (``load_format="dummy"``: normal(0, 0.02), norms at 1).
+            (``load_format="dummy"``: normal(0, 0.02), norms at 1; the same whole model for every
+            ``tensor_parallel_size``, of which each rank keeps its part).
         check_fits: called with the bytes of the parameters and buffers before any device memory is
             taken; it raises when they cannot fit (so that start-up never ends in a raw out-of-memory trace).
     Raises:
@@ -53,7 +57,7 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):  # no memory, no random init: every tensor is written below
-            model = cls(hf_config, arch, max_position)
+            model = cls(hf_config, arch, max_position, tp)
             if quant_config is not None:
                 quantize_linear_layers(model, quant_config)
     finally:
@@ -85,14 +89,22 @@ def build_model(hf_config, dtype: torch.dtype, device: str, max_position: int, w
 
 @torch.no_grad()
 def _init_dummy(model: nn.Module) -> None:
-    """Random weights drawn on the parameters' own device (fast for 7B-sized models on a GPU)."""
+    """Random weights drawn on the parameters' own device (fast for 7B-sized models on a GPU).
+
+    A tensor-parallel layer draws its whole unsplit parameter (``full_shape``) and keeps its part,
+    so the random model is the same whatever the ``tensor_parallel_size``."""
     generator = None
     for name, param in model.named_parameters():
         if not param.is_floating_point() or name.endswith((".qweight", ".qzeros", ".scales", ".g_idx")):
             continue  # quantized layers draw their own (process_quantized_weights)
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(0)
+        module_name, _, param_name = name.rpartition(".")
+        module = model.get_submodule(module_name)
         if "norm" in name:
             param.fill_(1.0)
+        elif hasattr(module, "full_shape"):
+            full = torch.empty(module.full_shape(param_name), dtype=param.dtype, device=param.device)
+            module.load_weight(param_name, full.normal_(0.0, 0.02, generator=generator))
         else:
             param.normal_(0.0, 0.02, generator=generator)

@@ -37,8 +37,9 @@ class ModelInput:
 
 
 @dataclass
-class _HostBatch:
-    """The step's host arrays (numpy), before they go to the device."""
+class HostBatch:
+    """The step's host arrays (numpy), before they go to the device: all a tensor-parallel rank
+    needs to run the step (rank 0 sends it to the other ranks)."""
 
     input_ids: np.ndarray      # [T] int64
     positions: np.ndarray      # [T] int64
@@ -60,7 +61,10 @@ def padded_block_tables(tables: list[list[int]], dtype=np.int32) -> np.ndarray:
     return out
 
 
-def _host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> _HostBatch:
+def host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> HostBatch:
+    """Flatten the scheduled requests into host arrays (one pass, vectorised where it counts).
+    ``ahead``: a decode step scheduled before the previous step's tokens are known (their input
+    ids are placeholders, filled in on the device)."""
     num_reqs = len(out.scheduled)
     counts = np.fromiter((s.num_scheduled_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
     contexts = np.fromiter((s.request.num_computed_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
@@ -94,13 +98,13 @@ def _host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> _
             if scored:
                 prompt_rows[req.request_id] = (start, scored)
     slots = block_of_token * block_size + positions % block_size
-    return _HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
+    return HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
                       contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows)
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: str = "torch",
-                   input_ids: torch.Tensor | None = None) -> ModelInput:
-    """Build the inputs of a step: tokens of every scheduled request back to back, no padding.
+def device_inputs(host: HostBatch, block_size: int, device: str, backend: str = "torch",
+                  input_ids: torch.Tensor | None = None) -> ModelInput:
+    """The inputs of a step on the device: tokens of every scheduled request back to back, no padding.
 
     All host arrays of the step reach the device in one asynchronous copy from pinned memory
     (``to_device``), so preparing step N+1 never waits for step N to finish on the device.
@@ -109,7 +113,6 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: 
         input_ids: for a decode step scheduled ahead, the ``[B]`` int64 tokens the previous step
             samples on the device (one per request, in batch order), used as this step's inputs.
     """
-    host = _host_batch(out, block_size, ahead=input_ids is not None)
     common = [host.input_ids, host.positions, host.slots, host.logits_rows]
     if backend == "torch":
         extra, build = _torch_metadata_arrays(host)
@@ -122,7 +125,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: str, backend: 
     return ModelInput(input_ids, positions, meta, logits_rows, host.prompt_rows)
 
 
-def _torch_metadata_arrays(host: _HostBatch):
+def _torch_metadata_arrays(host: HostBatch):
     decode_rows, decode_tables, decode_lens, prefill_spans, prefill_tables = [], [], [], [], []
     starts = host.starts.tolist()
     for i, (table, ctx) in enumerate(zip(host.tables, host.contexts.tolist())):
@@ -146,7 +149,7 @@ def _torch_metadata_arrays(host: _HostBatch):
     return arrays, build
 
 
-def _triton_metadata_arrays(host: _HostBatch):
+def _triton_metadata_arrays(host: HostBatch):
     tables = padded_block_tables(host.tables)
     query_lens = np.diff(host.starts)
     seq_lens = host.contexts + query_lens

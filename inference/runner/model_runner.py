@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -10,16 +11,35 @@ from ..config import EngineConfig
 from ..host_to_device import tensor_to_device
 from ..core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
+from ..distributed.partition import head_partition
+from ..distributed.process_group import TensorParallelGroup
 from ..model_loader import iter_weights
 from ..models import build_model
+from ..models.parallel_layers import SINGLE_RANK
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .cuda_graph import decode_split_plan, graph_batch_sizes
 from .block_ops import copy_blocks, swap_blocks
-from .input_batch import prepare_inputs
+from .input_batch import HostBatch, device_inputs, host_batch
 from .kv_sizing import GiB, bytes_per_block, device_memory_check, num_swap_blocks
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepPlan:
+    """The host-side description of one step, the same for every tensor-parallel rank.
+
+    Attributes:
+        blocks_to_swap_out, blocks_to_copy, blocks_to_swap_in: ``(source, destination)`` block ids
+            (see ``SchedulerOutput``), applied in that order before the forward pass.
+        batch: the step's flattened inputs; None when no request runs (block operations only).
+    """
+
+    blocks_to_swap_out: list[tuple[int, int]]
+    blocks_to_copy: list[tuple[int, int]]
+    blocks_to_swap_in: list[tuple[int, int]]
+    batch: HostBatch | None
 
 
 class ModelRunner:
@@ -28,25 +48,33 @@ class ModelRunner:
     KV cache: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
     in the model dtype (index 0 = keys, 1 = values). With ``preemption_mode="swap"``, a CPU swap
     space of the same layout with ``num_cpu_blocks`` blocks (pinned memory on CUDA).
+
+    With tensor parallelism there is one runner per rank (``tp``), each holding its part of the
+    weights and its KV heads; every rank has the same number of blocks (the smallest any rank can
+    hold) and runs the same :class:`StepPlan`; only rank 0 samples.
     """
 
-    def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None) -> None:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
         self.config = config
         self.device = config.device
+        self.tp = tp
         hf = config.hf_config
         weights = None if config.load_format == "dummy" else iter_weights(config.model_dir)
         torch.manual_seed(config.seed)
         self.model = build_model(hf, config.dtype, self.device, config.max_model_len, weights,
-                                 check_fits=device_memory_check(config), quant_config=config.quant_config)
+                                 check_fits=device_memory_check(config), quant_config=config.quant_config, tp=tp)
         self.vocab_size = hf.vocab_size
         self.num_layers = hf.num_hidden_layers
-        self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        self.num_kv_heads = head_partition(hf.num_attention_heads, num_kv_heads, tp.world_size, tp.rank).num_kv_heads
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.block_size = config.cache.block_size
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.bytes_per_block = bytes_per_block(config, self.num_layers, self.num_kv_heads, self.head_dim)
-        self.num_blocks = num_kv_blocks or kv_sizing_num_blocks(
-            config, self.model, self.weights_bytes, self.bytes_per_block, self.num_kv_heads, self.head_dim)
+        self.num_blocks = tp.min_over_ranks(num_kv_blocks or kv_sizing_num_blocks(
+            config, self.model, self.weights_bytes, self.bytes_per_block, self.num_kv_heads, self.head_dim),
+            self.device)
         self.kv_caches = [self._zeros((2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim))
                           for _ in range(self.num_layers)]
         self.num_cpu_blocks = 0
@@ -96,7 +124,6 @@ class ModelRunner:
         """Run one step and wait for its sampled tokens (``execute_async(...).result()``)."""
         return self.execute_async(sched_out).result()
 
-    @torch.inference_mode()
     def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> "StepHandle":
         """Launch the forward pass and sampling of one step without waiting for the device.
 
@@ -107,13 +134,39 @@ class ModelRunner:
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
         (detokenizing the previous step) while the device runs this one.
         """
+        return self.run(self.plan(sched_out, ahead=input_ids is not None), sched_out, input_ids)
+
+    def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
+        """Apply the block copies and swaps of a step in which no request runs."""
+        self.run(self.plan(sched_out, with_batch=False))
+
+    def plan(self, sched_out: SchedulerOutput, with_batch: bool = True, ahead: bool = False) -> StepPlan:
+        """The step's host-side description (block operations and flattened inputs)."""
+        batch = host_batch(sched_out, self.block_size, ahead) if with_batch and not sched_out.is_empty else None
+        return StepPlan(sched_out.blocks_to_swap_out, sched_out.blocks_to_copy, sched_out.blocks_to_swap_in, batch)
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan, sched_out: SchedulerOutput | None = None,
+            input_ids: torch.Tensor | None = None) -> "StepHandle | None":
+        """Run a planned step on this rank.
+
+        Args:
+            sched_out: the scheduler's output, on rank 0 only (it samples); the other ranks compute
+                the same logits rows for the gather and return a handle without tokens.
+        Returns:
+            The launched step, or None for a plan without inputs.
+        """
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
-        self.apply_block_ops(sched_out)
-        inputs = prepare_inputs(sched_out, self.block_size, self.device, self.attention_backend, input_ids)
-        sampling = [s.request for s in sched_out.scheduled if s.samples]
-        if any(s.forks for s in sched_out.scheduled):  # parallel samples sample beside their leader
-            sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
+        self._apply_block_ops(plan)
+        if plan.batch is None:
+            return None
+        inputs = device_inputs(plan.batch, self.block_size, self.device, self.attention_backend, input_ids)
+        sampling = []
+        if sched_out is not None:
+            sampling = [s.request for s in sched_out.scheduled if s.samples]
+            if any(s.forks for s in sched_out.scheduled):  # parallel samples sample beside their leader
+                sampling = [r for s in sched_out.scheduled for r in s.sampling_requests]
         sampling_meta = self._sampling_metadata(sampling) if sampling else None
         if inputs.meta.decode_only:  # same split plan as the CUDA graphs, graph or not
             inputs.meta.max_seq_len = self._max_seq_len
@@ -124,9 +177,10 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         sampled = None
-        if sampling:
+        if plan.batch.logits_rows.size:  # on every rank: the ranks gather the logits together
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            sampled = self.sampler(logits, sampling_meta)
+            if sampling:
+                sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
 
@@ -142,28 +196,31 @@ class ModelRunner:
         self._sampling_cache = (requests, meta) if meta.step_invariant else None
         return meta
 
-    def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
+    def _apply_block_ops(self, plan: StepPlan) -> None:
         """Swap out, copy on write, swap in (in that order: each reads blocks a later one may write)."""
-        if sched_out.blocks_to_swap_out:
-            swap_blocks(self.kv_caches, self.cpu_kv_caches, sched_out.blocks_to_swap_out)
-        if sched_out.blocks_to_copy:
-            copy_blocks(self.kv_caches, sched_out.blocks_to_copy, self.device)
-        if sched_out.blocks_to_swap_in:
-            swap_blocks(self.cpu_kv_caches, self.kv_caches, sched_out.blocks_to_swap_in)
+        if plan.blocks_to_swap_out:
+            swap_blocks(self.kv_caches, self.cpu_kv_caches, plan.blocks_to_swap_out)
+        if plan.blocks_to_copy:
+            copy_blocks(self.kv_caches, plan.blocks_to_copy, self.device)
+        if plan.blocks_to_swap_in:
+            swap_blocks(self.cpu_kv_caches, self.kv_caches, plan.blocks_to_swap_in)
 
     def _prompt_logprobs(self, sched_out, inputs, hidden) -> dict:
+        requests = {item.request.request_id: item.request for item in sched_out.scheduled} if sched_out else {}
         result = {}
-        for item in sched_out.scheduled:
-            req = item.request
-            if req.request_id not in inputs.prompt_logprob_rows:
+        for request_id, (first, scored) in inputs.prompt_logprob_rows.items():
+            logits = self.model.compute_logits(hidden[first:first + len(scored)])
+            if logits is None:  # a tensor-parallel rank other than 0
                 continue
-            first, scored = inputs.prompt_logprob_rows[req.request_id]
-            rows = hidden[first:first + len(scored)]
-            logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+            req = requests[request_id]
+            logprobs = torch.log_softmax(logits, dim=-1)
             targets = tensor_to_device(torch.tensor([req.prompt_token_ids[p] for p in scored]), logprobs.device)
             ids, values, ranks = compute_topk_logprobs(logprobs, targets, req.sampling_params.prompt_logprobs)
-            result[req.request_id] = (ids, values, ranks)
+            result[request_id] = (ids, values, ranks)
         return result
+
+    def close(self) -> None:
+        """Release what the runner holds outside this process (nothing for a single rank)."""
 
 
 class StepHandle:

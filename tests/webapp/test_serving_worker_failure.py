@@ -70,22 +70,37 @@ def two_workers(tmp_path_factory):
 def test_requests_not_started_go_to_the_surviving_worker(two_workers):
     s = two_workers
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    held_key = f"tessera:held:{MODEL}"
 
-    async def run() -> list[tuple[int, bytes]]:
+    async def run() -> tuple[list[tuple[int, bytes]], float]:
         requests = [asyncio.ensure_future(asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
-                                                             None, 120)) for _ in range(4)]
+                                                             None, 300)) for _ in range(4)]
         deadline = time.monotonic() + 30
-        while sum(w["stats"]["num_running"] for w in s.worker_infos()) < 2:  # one running on each worker
-            assert time.monotonic() < deadline
+        # The load is spread: one request running on each worker, and each worker holds one more
+        # that it cannot start yet (never more: the rest would stay in Redis for either worker).
+        while not (sum(w["stats"]["num_running"] for w in s.worker_infos()) == 2 and s.redis.hlen(held_key) == 2):
+            assert time.monotonic() < deadline, (s.worker_infos(), s.redis.hgetall(held_key))
             await asyncio.sleep(0.05)
+        holders = {json.loads(r)["worker"] for r in s.redis.hvals(held_key)}
+        assert holders == {w["id"] for w in s.worker_infos()}
+        victim = next(w["id"] for w in s.worker_infos() if w["pid"] == s.workers[0].pid)
         s.workers[0].kill()
-        return [(status, raw) for status, _, raw in await asyncio.gather(*requests)]
+        killed = time.monotonic()
+        # The survivor puts the dead worker's held request back on the queue within seconds,
+        # well before the broker's visibility timeout would.
+        while any(json.loads(r)["worker"] == victim for r in s.redis.hvals(held_key)):
+            assert time.monotonic() < killed + 10, "the dead worker's held request was not taken over"
+            await asyncio.sleep(0.1)
+        taken_over_after = time.monotonic() - killed
+        return [(status, raw) for status, _, raw in await asyncio.gather(*requests)], taken_over_after
 
-    results = asyncio.run(run())
+    results, taken_over_after = asyncio.run(run())
+    assert taken_over_after < 10
     statuses = sorted(status for status, _ in results)
     # The killed worker's running request fails; the other three (one running on the survivor,
-    # two waiting in Redis, one of them reserved by the dead worker) complete on the survivor.
+    # one held by the survivor, one held by the dead worker) complete on the survivor.
     assert statuses == [200, 200, 200, 503], results
     for status, raw in results:
         if status == 200:
             assert json.loads(raw)["usage"]["completion_tokens"] == 40
+    assert s.redis.hlen(held_key) == 0

@@ -159,6 +159,7 @@ class EngineLoop(threading.Thread):
             for rid in list(self._active):
                 self._on_rejected(rid, 503, reason, None)
             self._abort_all()
+            self.engine.close()  # ends its tensor-parallel rank processes, if any
             if self.failed is not None and self._on_failure is not None:
                 self._on_failure(self.failed)
 

@@ -184,7 +184,8 @@ class WorkerIO(threading.Thread):
             if is_final(message):
                 del self._routes[rid]
                 self._seq.pop(rid, None)
-                cleanup.append(("delete", (registry.claim_key(rid),), {}))
+                # Kept a while, not deleted: a redelivered copy of the message must find it claimed.
+                cleanup.append(("expire", (registry.claim_key(rid), registry.CLAIM_DONE_TTL), {}))
         if items or cleanup:
             await bulk_send(self.layer, items, cleanup)
 

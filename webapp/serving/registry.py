@@ -6,7 +6,8 @@
 * ``tessera:worker:<id>:commands`` — list of model commands to the worker (:mod:`.commands`).
 * ``tessera:claim:<request id>`` — the id of the worker whose engine took the request, or
   ``"aborted"`` when the client left before any worker took it. Set with NX, so exactly
-  one party wins: a request is never run twice, and an abort is never lost.
+  one party wins: a request is never run twice, and an abort is never lost. Kept
+  ``CLAIM_DONE_TTL`` seconds after the request finished, for late redeliveries.
 * ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
   past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
   time the totals started, exported as ``_created``). Workers add increments; never expires.
@@ -23,7 +24,8 @@ WORKERS_KEY = "tessera:workers"
 METRICS_MODELS_KEY = "tessera:metrics:models"  # set of the models that have totals
 HEARTBEAT_INTERVAL = 0.5  # seconds between heartbeats
 HEARTBEAT_TTL = 4  # seconds after which a silent worker counts as dead
-CLAIM_TTL = 3600  # seconds; claims are deleted when the request finishes
+CLAIM_TTL = 3600  # seconds
+CLAIM_DONE_TTL = 300  # seconds a claim outlives its finished request (longer than the broker's redelivery)
 ABORTED = "aborted"
 
 

@@ -7,8 +7,9 @@ a free engine slot, claims the request in Redis (``SET NX``), hands it to the en
 and only then returns, which acknowledges the message. A worker therefore takes a request
 out of Redis only when its engine has room for it; everything else stays in the queue for
 any worker of the model. If the worker dies holding its one unacknowledged message, the
-broker puts that message back after the visibility timeout, and the claim guarantees it
-runs at most once. Requests already in the engine are lost with the worker; their clients
+other workers put the request back on the queue within about 5 s (:mod:`.held`); the broker
+also redelivers the message after its visibility timeout, and the claim guarantees the
+request runs at most once. Requests already in the engine are lost with the worker; their clients
 see its heartbeat expire and get an error (see :mod:`webapp.serving.client`).
 
 Models (why the process outlives its engine): a worker may start with a model or with none
@@ -41,7 +42,7 @@ from inference import EngineArgs
 from inference.sampling_params import SamplingParams
 from webapp.celery import queue_for
 
-from . import registry
+from . import held, registry
 from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
 from .devices import describe_device, gpu_stats
 from .engine_loop import EngineLoop, EngineRequest
@@ -99,6 +100,7 @@ class WorkerRuntime:
         self.engine: Any = None
         self.queues: CeleryQueues | None = None  # set once the Celery worker consumes (see serve_commands)
         self._shares = None
+        self.reclaimer: held.OrphanReclaimer | None = None  # for the served model's held requests
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)
 
     @property
@@ -145,6 +147,8 @@ class WorkerRuntime:
                 self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
             if self.queues is not None:
                 self.queues.consume(queue_for(spec.name))
+            self.reclaimer = held.OrphanReclaimer(self._redis, spec.name, self._requeue)
+            self.reclaimer.start()
         except BaseException as error:
             if self.loop is loop:  # built, but its queue could not be consumed
                 self.unload()
@@ -165,6 +169,7 @@ class WorkerRuntime:
             self.state = UNLOADING
         name = self.spec.name
         logger.info("unloading model %s", name)
+        self._stop_reclaimer()
         if self.queues is not None:
             try:
                 self.queues.cancel(queue_for(name))
@@ -234,9 +239,8 @@ class WorkerRuntime:
         loop = self.loop
         if loop is None or payload.get("model", self.model) != self.model:
             raise WorkerShuttingDown()
-        while not loop.acquire_slot(SLOT_POLL):
-            if self._closing.is_set() or not loop.is_alive():
-                raise WorkerShuttingDown()
+        if not loop.acquire_slot(0):
+            self._wait_for_slot(loop, payload)
         with self._lock:
             if self._closing.is_set() or loop is not self.loop or self.state != READY:
                 loop.release_slot()
@@ -258,6 +262,26 @@ class WorkerRuntime:
                                       priority=int(payload.get("priority", 0)),
                                       cache_salt=payload.get("cache_salt")))
 
+    def _wait_for_slot(self, loop: EngineLoop, payload: dict[str, Any]) -> None:
+        """Wait for a free engine slot while the request is recorded as held by this worker
+        (so that the others take it over if this worker dies meanwhile)."""
+        held.hold(self._redis, payload.get("model", self.model), self.worker_id, payload)
+        try:
+            while not loop.acquire_slot(SLOT_POLL):
+                if self._closing.is_set() or not loop.is_alive():
+                    raise WorkerShuttingDown()
+        finally:
+            held.release(self._redis, payload.get("model", self.model), payload["rid"])
+
+    def _requeue(self, payload: dict[str, Any]) -> None:
+        from .client import _enqueue  # noqa: PLC0415 (client imports the tasks, which import this module)
+        _enqueue(queue_for(payload.get("model") or self.model), [payload])
+
+    def _stop_reclaimer(self) -> None:
+        if self.reclaimer is not None:
+            self.reclaimer.stop()
+            self.reclaimer = None
+
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in the engine are ended with an error to their clients."""
         if self._closing.is_set():
@@ -269,6 +293,7 @@ class WorkerRuntime:
     def close(self) -> None:
         """Wait for the loops to end and remove this worker's heartbeat."""
         self.begin_shutdown()
+        self._stop_reclaimer()
         if self.loop is not None:
             self.loop.join(10)
         self.io.stop()

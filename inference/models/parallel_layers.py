@@ -1,0 +1,209 @@
+"""Tensor-parallel layers (Megatron-LM's column/row split, Shoeybi et al., 2019).
+
+* :class:`ColumnParallelLinear` holds a slice of the output rows; its output stays split.
+* :class:`MergedColumnParallelLinear` fuses several HF projections (gate/up) into one matmul,
+  each split the same way; :class:`QKVParallelLinear` fuses Q/K/V, split by heads.
+* :class:`RowParallelLinear` holds a slice of the input columns and all-reduces its output:
+  one all-reduce after attention (``o_proj``) and one after the MLP (``down_proj``).
+* :class:`VocabParallelEmbedding` / :class:`ParallelLMHead` split the vocabulary (padded to a
+  multiple of ``tp``); the embedding all-reduces, the LM head gathers the logits on rank 0.
+
+Every layer loads its part of a full Hugging Face tensor (``load_weight`` / ``load_shard``),
+so the same checkpoint (or the same dummy weights) serves any ``tensor_parallel_size``. With a
+single rank the layers are plain linear layers and embeddings.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..distributed.partition import head_partition, split_range
+from ..distributed.process_group import TensorParallelGroup
+
+SINGLE_RANK = TensorParallelGroup()
+
+
+def _copy(target: torch.Tensor, source: torch.Tensor, what: str) -> None:
+    if target.shape != source.shape:
+        raise ValueError(f"{what}: expected shape {tuple(target.shape)}, got {tuple(source.shape)}")
+    with torch.no_grad():
+        target.copy_(source)
+
+
+class ColumnParallelLinear(nn.Linear):
+    """``y = x W^T + b`` with ``W`` split by output rows: ``forward(x [T, in]) -> [T, out_local]``.
+
+    Args:
+        out_ranges: per rank, ``[start, end)`` row ranges of the full weight this rank holds (their
+            concatenation, in order, is the local weight); None splits ``out_features`` evenly.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
+                 out_ranges: list[tuple[int, int]] | None = None) -> None:
+        self.tp = tp
+        self.out_ranges = out_ranges or [split_range(out_features, tp.world_size, tp.rank)]
+        super().__init__(in_features, sum(end - start for start, end in self.out_ranges), bias=bias)
+        self.full_out_features = out_features
+
+    def full_shape(self, param_name: str) -> tuple[int, ...]:
+        """Shape of the unsplit parameter (what ``load_weight`` takes)."""
+        return (self.full_out_features, self.in_features) if param_name == "weight" else (self.full_out_features,)
+
+    def load_weight(self, param_name: str, full: torch.Tensor) -> None:
+        """Copy this rank's rows of the full (unsplit) ``weight [out, in]`` or ``bias [out]``."""
+        _copy(getattr(self, param_name), torch.cat([full[s:e] for s, e in self.out_ranges]),
+              f"{param_name} rows {self.out_ranges}")
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several HF projections fused into one column-parallel matmul.
+
+    ``shard_sizes`` maps each HF projection name (``"gate_proj"``) to its full number of output rows;
+    each is split over the ranks, and the local weight is the concatenation of this rank's slices
+    (so ``output.split(local_sizes)`` gives each projection's part).
+    """
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool,
+                 tp: TensorParallelGroup = SINGLE_RANK,
+                 shard_ranges: dict[str, tuple[int, int]] | None = None) -> None:
+        ranges = shard_ranges or {name: split_range(size, tp.world_size, tp.rank) for name, size in shard_sizes.items()}
+        self.shard_sizes = dict(shard_sizes)
+        self.shard_ranges = ranges  # name -> this rank's [start, end) within that projection
+        self.offsets: dict[str, tuple[int, int]] = {}  # name -> its rows in the local weight
+        full_offsets, start, full_start = [], 0, 0
+        for name, size in shard_sizes.items():
+            lo, hi = ranges[name]
+            self.offsets[name] = (start, start + hi - lo)
+            full_offsets.append((full_start + lo, full_start + hi))
+            start += hi - lo
+            full_start += size
+        super().__init__(in_features, full_start, bias, tp, out_ranges=full_offsets)
+
+    @property
+    def local_sizes(self) -> list[int]:
+        return [end - start for start, end in self.offsets.values()]
+
+    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
+        """Copy this rank's rows of one HF projection (``tensor`` is that projection's full weight or bias).
+
+        Raises:
+            ValueError: ``tensor`` does not have the projection's full shape.
+        """
+        target = getattr(self, param_name)
+        if tensor.shape[0] != self.shard_sizes[shard] or tensor.shape[1:] != target.shape[1:]:
+            raise ValueError(f"{shard}.{param_name}: expected rows {self.shard_sizes[shard]}, got "
+                             f"{tuple(tensor.shape)}")
+        lo, hi = self.shard_ranges[shard]
+        start, end = self.offsets[shard]
+        with torch.no_grad():
+            target[start:end].copy_(tensor[lo:hi])
+
+
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """Q, K and V projections fused and split by heads (see ``partition.head_partition``:
+    KV heads are replicated when there are fewer than ranks).
+
+    ``forward(x [T, hidden]) -> [T, (Hq_local + 2 * Hk_local) * head_dim]``.
+    """
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        part = head_partition(num_heads, num_kv_heads, tp.world_size, tp.rank)
+        self.partition = part
+        q = (part.q_start * head_dim, (part.q_start + part.num_heads) * head_dim)
+        kv = (part.kv_start * head_dim, (part.kv_start + part.num_kv_heads) * head_dim)
+        super().__init__(hidden_size, {"q_proj": num_heads * head_dim, "k_proj": num_kv_heads * head_dim,
+                                       "v_proj": num_kv_heads * head_dim}, bias, tp,
+                         shard_ranges={"q_proj": q, "k_proj": kv, "v_proj": kv})
+
+
+class RowParallelLinear(nn.Linear):
+    """``y = all_reduce(x_local W_local^T) + b`` with ``W`` split by input columns.
+
+    ``forward(x [T, in_local]) -> [T, out]`` (the same on every rank). The bias is added once, after
+    the sum.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
+                 in_range: tuple[int, int] | None = None) -> None:
+        self.tp = tp
+        self.in_range = in_range or split_range(in_features, tp.world_size, tp.rank)
+        super().__init__(self.in_range[1] - self.in_range[0], out_features, bias=bias)
+        self.full_in_features = in_features
+
+    def full_shape(self, param_name: str) -> tuple[int, ...]:
+        return (self.out_features, self.full_in_features) if param_name == "weight" else (self.out_features,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.world_size == 1:
+            return super().forward(x)
+        out = self.tp.all_reduce(torch.matmul(x, self.weight.t()))
+        return out if self.bias is None else out + self.bias
+
+    def load_weight(self, param_name: str, full: torch.Tensor) -> None:
+        """Copy this rank's columns of the full ``weight [out, in]`` (the bias whole)."""
+        if param_name == "weight":
+            full = full[:, self.in_range[0]:self.in_range[1]]
+        _copy(getattr(self, param_name), full, f"{param_name} columns {self.in_range}")
+
+
+def _vocab_range(vocab_size: int, tp: TensorParallelGroup) -> tuple[int, int]:
+    per_rank = -(-vocab_size // tp.world_size)
+    return tp.rank * per_rank, (tp.rank + 1) * per_rank
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary split over ranks (padded to a multiple of ``tp``).
+
+    ``forward(input_ids [T] int64) -> [T, H]``: each rank looks up the ids in its range, zeros the
+    others, and the ranks all-reduce (a sum of one row and zeros: exact).
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.vocab_start, self.vocab_end = _vocab_range(vocab_size, tp)
+        self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size))
+
+    def full_shape(self, param_name: str) -> tuple[int, ...]:
+        return (self.vocab_size, self.weight.shape[1])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.world_size == 1:
+            return nn.functional.embedding(input_ids, self.weight)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local = torch.where(outside, 0, input_ids - self.vocab_start)
+        hidden = nn.functional.embedding(local, self.weight).masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(hidden)
+
+    def load_weight(self, param_name: str, full: torch.Tensor) -> None:
+        """Copy this rank's rows of the full ``[vocab, H]`` table (padding rows are zero)."""
+        rows = full[self.vocab_start:min(self.vocab_end, self.vocab_size)]
+        if full.shape[0] != self.vocab_size or full.shape[1:] != self.weight.shape[1:]:
+            raise ValueError(f"{param_name}: expected shape ({self.vocab_size}, {self.weight.shape[1]}), "
+                             f"got {tuple(full.shape)}")
+        with torch.no_grad():
+            self.weight.zero_()
+            self.weight[:rows.shape[0]].copy_(rows)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection, split by vocabulary like the embedding (see :func:`parallel_logits`)."""
+
+
+def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
+                    tp: TensorParallelGroup) -> torch.Tensor | None:
+    """Logits of a vocabulary-parallel LM head (an untied ``ParallelLMHead``'s weight, or the
+    ``VocabParallelEmbedding``'s when the model ties them).
+
+    Args:
+        hidden: ``[N, H]`` in the model dtype; weight: this rank's ``[vocab_padded / tp, H]``.
+    Returns:
+        ``[N, vocab_size]`` float32 on rank 0 (each rank computes its part, rank 0 gathers them);
+        None on the other ranks.
+    """
+    gathered = tp.gather_last_dim(torch.matmul(hidden, weight.t()))
+    if gathered is None:
+        return None
+    return gathered[:, :vocab_size].float()
