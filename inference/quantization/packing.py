@@ -25,7 +25,11 @@ from __future__ import annotations
 import torch
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # code slot i of an AWQ int32 holds column 8c + AWQ_ORDER[i]
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)
+
+
+def _shifts(device) -> torch.Tensor:
+    # Made per call on an explicit device: this module may first be imported under torch.device("meta").
+    return torch.arange(0, 32, 4, dtype=torch.int64, device=device)
 
 
 def _to_int32(packed64: torch.Tensor) -> torch.Tensor:
@@ -35,13 +39,13 @@ def _to_int32(packed64: torch.Tensor) -> torch.Tensor:
 def _pack_last(codes: torch.Tensor) -> torch.Tensor:
     """``[..., 8m]`` codes -> ``[..., m]`` int32, code ``i`` of each group of eight in bits 4i..4i+3."""
     grouped = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, 8)
-    return _to_int32((grouped << _SHIFTS.to(codes.device)).sum(-1))
+    return _to_int32((grouped << _shifts(codes.device)).sum(-1))
 
 
 def _unpack_last(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of ``_pack_last``: ``[..., m]`` int32 -> ``[..., 8m]`` int32 codes."""
     wide = packed.to(torch.int64) & 0xFFFFFFFF
-    codes = (wide.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF
+    codes = (wide.unsqueeze(-1) >> _shifts(packed.device)) & 0xF
     return codes.reshape(*packed.shape[:-1], -1).to(torch.int32)
 
 

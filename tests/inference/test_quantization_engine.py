@@ -73,9 +73,9 @@ def test_quantized_checkpoint_has_the_published_format(quantized):
 
 # The issue asks for 5%; SmolLM2-135M does not get there at 4 bits with these calibration sizes.
 # Measured on the shipped sample (unquantized 20.15): plain round-to-nearest g64 32.68 (1.62x), g32 30.76
-# (1.53x); AWQ g64 with this test's calibration 29.36 (1.46x). These bounds guard against regressions
-# only; see the README (Quantization) for the figures.
-MAX_PERPLEXITY_RATIO = {"awq": 1.50, "gptq_act_order": 1.50}
+# (1.53x); AWQ g64 with this test's calibration 29.36 (1.46x); GPTQ g64 act-order 26.22 (1.30x). These
+# bounds guard against regressions only; see the README (Quantization) for the figures.
+MAX_PERPLEXITY_RATIO = {"awq": 1.50, "gptq_act_order": 1.35}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
