@@ -13,7 +13,15 @@ case "${1:-}" in
 tp)
   timeout 560 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-7b --output-json "$OUT/tensor_parallel.json" 2>&1 | quiet | tail -30 ;;
 quant)
-  timeout 420 python3 benchmarks/quantization.py --model .gpucache/qwen2.5-7b --output-json "$OUT/quantization.json" 2>&1 | quiet | tail -30
+  timeout 300 python3 benchmarks/quantization.py --model .gpucache/qwen2.5-7b --skip-throughput --decode-steps 32 \
+    --output-json "$OUT/quantization.json" 2>&1 | quiet | tail -30
+  cd benchmarks   # W1 bf16 and FP8, each in a process of its own
+  for q in "" "--quantization fp8"; do
+    timeout 120 python3 throughput.py --load-format dummy --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-7b \
+      --workload peer-w1 --num-prompts 256 --input-len 1024 --output-len 512 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 $q --output-json "$OUT/w1${q// /}.json" 2>&1 | quiet
+  done
+  cd ..
   timeout 150 python3 benchmarks/perplexity.py --dtype bfloat16 --methods none fp8 --output-json "$OUT/perplexity.json" 2>&1 | quiet | tail -6 ;;
 w1peer)
   cd benchmarks

@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--quantization", "-q", default=None, help="awq | gptq | fp8 (dummy weights: random packed)")
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
