@@ -42,7 +42,8 @@ def profile_activation_peak(model, config: EngineConfig, num_kv_heads: int, head
                    scratch, meta)
     rows = min(config.scheduler.max_num_seqs, tokens)
     logits = model.compute_logits(hidden[:rows])
-    torch.log_softmax(logits, dim=-1).sort(dim=-1)
+    if logits is not None:  # None on tensor-parallel ranks other than 0 (rank 0 gathers the logits)
+        torch.log_softmax(logits, dim=-1).sort(dim=-1)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del scratch, hidden, logits
