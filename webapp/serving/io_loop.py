@@ -88,6 +88,11 @@ class WorkerIO(threading.Thread):
         self._loop.call_soon_threadsafe(
             self._queue.put_nowait, ("error", error_message(request_id, status, message, param), None))
 
+    def heartbeat_now(self, timeout: float = 5.0) -> None:
+        """Publish the heartbeat at once (a state change that readers must see before what
+        follows it, e.g. an unload before its requests' errors). Blocks until written."""
+        asyncio.run_coroutine_threadsafe(self._heartbeat_once(), self._loop).result(timeout)
+
     def end_model(self, timeout: float = 10.0) -> None:
         """The engine has stopped and its model goes: publish what is queued (the errors to
         its requests), add its last counter increments to its model's totals, and start the

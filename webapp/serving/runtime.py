@@ -169,6 +169,10 @@ class WorkerRuntime:
             self.state = UNLOADING
         name = self.spec.name
         logger.info("unloading model %s", name)
+        try:  # /v1/models drops the model before its requests see the unload error
+            self.io.heartbeat_now()
+        except Exception:
+            logger.exception("could not publish the unloading state")
         self._stop_reclaimer()
         if self.queues is not None:
             try:
