@@ -115,7 +115,7 @@ def worker_stats(sample: Sample, worker: dict[str, Any]) -> WorkerStats:
     worker that holds no model, e.g. while it loads one)."""
     stats, recent = worker.get("stats", {}), worker.get("recent", {})
     total = stats.get("num_total_blocks", 0)
-    state = worker.get("state") or ("serving" if worker.get("live", True) else "stopping")
+    state = worker.get("state") or ("ready" if worker.get("live", True) else "stopping")  # workers before states
     return WorkerStats(
         id=worker["id"], model=worker.get("model") or "", host=worker.get("host", ""), pid=worker.get("pid"),
         device=str(worker.get("device") or ""), state=state,

@@ -123,7 +123,7 @@ def test_snapshot_on_connect_then_updates_as_the_worker_publishes(django_app, pe
     (first,) = asyncio.run(_messages(django_app, headers, 1))
     (model,) = [m for m in first["models"] if m["name"] == MODEL]
     (worker,) = model["workers"]
-    assert worker["state"] == "serving" and worker["host"] and worker["uptime_s"] > 0
+    assert worker["state"] == "ready" and worker["host"] and worker["uptime_s"] > 0
     assert 0 <= first["totals"]["kv_cache_usage"] <= 1
 
     load = BackgroundLoad(dashboard_web.base_url, {})
