@@ -127,5 +127,6 @@ def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | N
             not shard their packed weights yet), naming both settings.
     """
     if tensor_parallel_size > 1 and quantization:
-        raise NotSupportedYetError(f"quantization={quantization!r} with tensor_parallel_size={tensor_parallel_size} "
-                                   "is not supported yet; use tensor_parallel_size=1 or unquantized weights.")
+        raise NotSupportedYetError(f"quantization={quantization!r} cannot be combined with tensor_parallel_size="
+                                   f"{tensor_parallel_size} yet (quantized layers are not split across ranks); use "
+                                   "tensor_parallel_size=1 or unquantized weights.")

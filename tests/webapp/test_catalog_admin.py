@@ -57,10 +57,11 @@ def _models(s: Stack) -> list[str]:
 
 
 def _register(browser: Browser, name: str, source: str, max_model_len: int = 1024,
-              path: str = "/admin/catalog/servedmodel/add/") -> tuple[int, str]:
+              path: str = "/admin/catalog/servedmodel/add/", quantization: str = "") -> tuple[int, str]:
     browser.get(path)
     status, _, page = browser.post(path, {
-        "name": name, "source": source, "dtype": "auto", "quantization": "", "max_model_len": str(max_model_len),
+        "name": name, "source": source, "dtype": "auto", "quantization": quantization,
+        "max_model_len": str(max_model_len),
         "gpu_memory_utilization": "0.9", "max_num_seqs": "8", "tensor_parallel_size": "1", "enabled": "on"})
     return status, page
 
@@ -90,8 +91,10 @@ def test_a_bad_source_is_refused_with_its_reason_and_nothing_saved(idle):
     assert status == 200 and "The GGUF file /no/such/model.gguf does not exist." in page
     status, page = _register(browser, "not-a-model", "llama-99")
     assert status == 200 and "is not a model source" in page
+    status, page = _register(browser, "int3", MODEL, quantization="int3")
+    assert status == 200 and "Unknown method &#x27;int3&#x27;" in page
     _, _, listing = browser.get("/admin/catalog/servedmodel/")
-    assert "nowhere" not in listing and "not-a-model" not in listing
+    assert "nowhere" not in listing and "not-a-model" not in listing and "int3" not in listing
 
 
 def test_a_failed_load_shows_its_error_and_leaves_the_worker_idle(idle, tmp_path):
@@ -183,6 +186,7 @@ def test_load_serve_and_unload_through_the_admin(idle):
     _act(browser, worker_id, "unload_model")
     reader.join(60)
     assert events[-1] == "[DONE]" and "unloaded" in json.loads(events[-2])["error"]["message"]
+    assert json.loads(events[-2])["error"]["type"] == json.loads(events[-2])["error"]["code"] == "service_unavailable"
     assert _models(s) == []  # at once: the worker stopped admitting before it stopped the engine
     _wait(lambda: _worker_row(browser, worker_id)["state"] == "idle", 60)
     status, _, body = http("POST", s.base_url + "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})

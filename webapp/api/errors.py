@@ -34,6 +34,8 @@ class APIError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+        if status == 503 and type is None:  # one envelope for every 503 (see ``unavailable``)
+            type, code = "service_unavailable", code or "service_unavailable"
         self.type = type or ("invalid_request_error" if status < 500 else _TYPES.get(status, "server_error"))
         self.param = param
         self.code = code

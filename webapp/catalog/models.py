@@ -8,9 +8,11 @@ admin lists workers (:func:`webapp.catalog.workers.sync_workers`).
 """
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from inference.quantization.config import QUANTIZATION_METHODS
 from webapp.serving.model_spec import ModelSpec
 
 from .sources import validate_source
@@ -57,6 +59,13 @@ class ServedModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Refuse a quantization method the engine does not know (the form shows it on the field)."""
+        super().clean()
+        if self.quantization and self.quantization not in QUANTIZATION_METHODS:
+            raise ValidationError({"quantization": f"Unknown method {self.quantization!r}: use one of "
+                                                   f"{', '.join(QUANTIZATION_METHODS)}, or leave it empty."})
 
     def spec(self) -> ModelSpec:
         """What a worker needs to load this model."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from pathlib import Path
+
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.errors import TesseraError
@@ -32,6 +34,9 @@ class Command(BaseCommand):
         logging.getLogger("inference").setLevel(logging.INFO)
         if options["num_samples"] < 1 or options["seq_len"] < 2:
             raise CommandError("--num-samples must be at least 1 and --seq-len at least 2.")
+        output = Path(options["output_dir"])
+        if output.exists() and (not output.is_dir() or any(output.iterdir())):
+            raise CommandError(f"--output-dir {output} exists and is not an empty directory; choose a new one.")
         try:
             out = quantize_model(options["model"], options["output_dir"], options["quantization"],
                                  group_size=options["group_size"], desc_act=options["desc_act"],
