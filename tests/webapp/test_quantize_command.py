@@ -21,3 +21,14 @@ def test_quantize_command_names_the_bad_argument(tmp_path, flags, message):
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_occupied_output_dir_is_refused_before_calibrating(tmp_path):
+    taken = tmp_path / "config.json"
+    taken.write_text("{}")
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    done = subprocess.run([sys.executable, launcher.MANAGE, "quantize", "--output-dir", str(taken),
+                           "--quantization", "awq"], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=launcher.BASE_DIR)
+    assert done.returncode != 0 and "exists and is not an empty directory" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and taken.read_text() == "{}"
