@@ -9,6 +9,8 @@ activations.
 """
 from __future__ import annotations
 
+import os
+
 import json
 import logging
 import shutil
@@ -193,7 +195,7 @@ def write_checkpoint(hf_model, results: dict[str, tuple], qconfig: QuantizationC
     for module, (codes, scales, zeros, g_idx) in results.items():
         for leaf, tensor in pack_linear(qconfig.method, codes, scales, zeros, g_idx).items():
             state[f"{module}.{leaf}"] = tensor.cpu().contiguous()
-    save_file(state, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    _save_weights(state, output_dir / "model.safetensors")
     config = hf_model.config.to_dict()
     config.update(quantization_config=qconfig.to_hf_dict(), dtype="float16", torch_dtype="float16")
     (output_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -230,10 +232,18 @@ def dequantize_checkpoint(quantized_dir: str | Path, output_dir: str | Path,
         weight = packing.dequantize(codes, tensors[f"{module}.scales"], zeros, g_idx, torch.float32)
         state[f"{module}.weight"] = weight.t().contiguous().to(dtype)
     output_dir.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    _save_weights(state, output_dir / "model.safetensors")
     config.update(dtype=str(dtype).removeprefix("torch."), torch_dtype=str(dtype).removeprefix("torch."))
     (output_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     for path in quantized_dir.iterdir():
         if path.name not in ("config.json", "model.safetensors") and path.is_file():
             shutil.copy(path, output_dir / path.name)
     return output_dir
+
+
+def _save_weights(state: dict, path: Path) -> None:
+    """safetensors' ``save_file`` with the file mode every other written file gets (it creates 0600)."""
+    save_file(state, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
