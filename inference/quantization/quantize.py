@@ -9,10 +9,9 @@ activations.
 """
 from __future__ import annotations
 
-import os
-
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
