@@ -11,6 +11,7 @@ through ``load_shard``, other tensors are plain parameters.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 
 
-class LinearMethodBase:
+class LinearMethodBase(ABC):
     """How one quantization stores and multiplies a linear layer's weights.
 
     Subclasses register their parameters on the layer in ``create_weights`` under the checkpoint's
@@ -31,23 +32,27 @@ class LinearMethodBase:
     ``apply(layer, x [T, K]) -> [T, N]`` in ``x.dtype``.
     """
 
+    @abstractmethod
     def create_weights(self, layer: "QuantizedLinear", params_dtype: torch.dtype) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def output_dim(self, param_name: str) -> tuple[int, int] | None:
         """``(dim, pack_factor)``: output features of ``param_name`` lie along ``dim``, ``pack_factor``
         per element; None for a parameter every shard carries whole (GPTQ's ``g_idx``)."""
-        raise NotImplementedError
+        ...
 
     def process_weights_after_loading(self, layer: "QuantizedLinear") -> None:
         """Convert the loaded checkpoint tensors into what ``apply`` reads."""
 
+    @abstractmethod
     def init_dummy(self, layer: "QuantizedLinear", generator: torch.Generator) -> None:
         """Random weights of the right layout (``load_format="dummy"``), before processing."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def apply(self, layer: "QuantizedLinear", x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        ...
 
 
 def _param(shape, dtype) -> nn.Parameter:

@@ -48,20 +48,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
-    port = launcher.free_port()
+def _start_serve(tmp_path, port: int, *flags: str) -> tuple[subprocess.Popen, object]:
+    """``manage.py serve`` on ``port`` with a private database; returns it (and its log file) once it
+    printed that it serves."""
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
     log = open(tmp_path / "serve.log", "wb")
-    serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port),
-                              "--max-model-len", "2048", "--kv-cache-space", "0.25", "--log-level", "warning",
-                              "--tenant-id", "team1=30%", "--tenant-id", "team2=70%", "--api-server-count", "2"],
-                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
+    serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port), "--log-level", "warning",
+                              *flags], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
+    deadline = time.monotonic() + 300
+    while b"Tessera serves" not in (tmp_path / "serve.log").read_bytes():
+        if serve.poll() is not None or time.monotonic() > deadline:
+            serve.kill()
+            log.close()
+            raise AssertionError((tmp_path / "serve.log").read_text())
+        time.sleep(0.2)
+    return serve, log
+
+
+def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
+    port = launcher.free_port()
+    serve, log = _start_serve(tmp_path, port, "--max-model-len", "2048", "--kv-cache-space", "0.25",
+                              "--tenant-id", "team1=30%", "--tenant-id", "team2=70%", "--api-server-count", "2")
     try:
-        deadline = time.monotonic() + 300
-        while b"Tessera serves" not in (tmp_path / "serve.log").read_bytes():
-            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         children = _children(serve.pid)
         commands = " | ".join(children.values())
         assert "redis-server" in commands and " worker " in commands, commands
@@ -136,18 +144,8 @@ def test_busy_port_stops_serve_before_it_loads_anything(tmp_path):
 
 
 def test_killing_serve_with_sigkill_leaves_no_server_running(tmp_path):
-    port = launcher.free_port()
-    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
-    log = open(tmp_path / "serve.log", "wb")
-    serve = subprocess.Popen([sys.executable, launcher.MANAGE, "serve", "--port", str(port), "--max-model-len", "512",
-                              "--kv-cache-space", "0.1", "--log-level", "warning"],
-                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.BASE_DIR)
+    serve, log = _start_serve(tmp_path, launcher.free_port(), "--max-model-len", "512", "--kv-cache-space", "0.1")
     try:
-        deadline = time.monotonic() + 300
-        while b"Tessera serves" not in (tmp_path / "serve.log").read_bytes():
-            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         children = _children(serve.pid)
         assert len(children) >= 3, children
         serve.kill()  # no chance to stop its children itself
