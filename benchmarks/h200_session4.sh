@@ -1,39 +1,59 @@
 #!/usr/bin/env bash
-# Fourth H200 session (2 GPUs: nvidia-h200-x2), one call per part, machine kept warm in between:
-#   bash benchmarks/h200_session4.sh tp      tensor parallelism: TP=1 vs TP=2 greedy tokens + W1 side by side
-#   bash benchmarks/h200_session4.sh quant   W4A16/FP8 decode latency vs bf16, FP8 W1 vs bf16, FP8 perplexity
-#   bash benchmarks/h200_session4.sh w1peer  W1 (async scheduling) and the transformers peer in the same call
-#   bash benchmarks/h200_session4.sh w3      W3 latency (50 x 1000 in / 2000 out, median TPOT)
+# Fourth H200 session: the steps named on the command line, in order, in one call, e.g.
+#   bash benchmarks/h200_session4.sh tp-small tp quant        (nvidia-h200-x2: the TP steps need 2 GPUs)
+# Steps:
+#   tp-small  TP=1 vs TP=2 on the Qwen2.5-0.5B shape: a few greedy requests + a short W1 (does TP run at all)
+#   tp        TP=1 vs TP=2 on the Qwen2.5-7B shape: greedy tokens (float32) + W1 side by side
+#   tp-fp8    TP=1 vs TP=2 with --quantization fp8 on the Qwen2.5-7B shape: greedy tokens
+#   quant     W4A16/FP8 decode latency vs bf16 (Qwen2.5-7B shape), FP8 W1 vs bf16 W1, FP8 perplexity
+#   w1peer    W1 (async scheduling) and the transformers peer in the same call
+#   w3        W3 latency (50 x 1000 in / 2000 out, median TPOT)
+#   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
+# Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
+# PYTHONFAULTHANDLER) and writes its JSON under $OUT; leftovers of a step are killed before the next.
 # Carried, git-ignored: .gpucache (dummy model dirs), peer/ (a copy of ../shared/peer).
 set -u
-export PYTHONUNBUFFERED=1 TESSERA_CACHE_DIR=/tmp/tessera-cache TESSERA_LOGGING_LEVEL=WARNING
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TESSERA_CACHE_DIR=/tmp/tessera-cache TESSERA_LOGGING_LEVEL=WARNING
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-quiet() { grep -v -e tokenizer -e "^INFO" -e Warn -e _warn; }
-case "${1:-}" in
-tp)
-  timeout 560 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-7b --output-json "$OUT/tensor_parallel.json" 2>&1 | quiet | tail -30 ;;
-quant)
-  timeout 300 python3 benchmarks/quantization.py --model .gpucache/qwen2.5-7b --skip-throughput --decode-steps 32 \
-    --output-json "$OUT/quantization.json" 2>&1 | quiet | tail -30
-  cd benchmarks   # W1 bf16 and FP8, each in a process of its own
-  for q in "" "--quantization fp8"; do
-    timeout 120 python3 throughput.py --load-format dummy --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-7b \
-      --workload peer-w1 --num-prompts 256 --input-len 1024 --output-len 512 --max-model-len 2048 \
-      --max-num-batched-tokens 16384 $q --output-json "$OUT/w1${q// /}.json" 2>&1 | quiet
-  done
-  cd ..
-  timeout 150 python3 benchmarks/perplexity.py --dtype bfloat16 --methods none fp8 --output-json "$OUT/perplexity.json" 2>&1 | quiet | tail -6 ;;
-w1peer)
-  cd benchmarks
-  timeout 120 python3 throughput.py --load-format dummy --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-7b \
-    --workload peer-w1 --num-prompts 256 --input-len 1024 --output-len 512 --max-model-len 2048 \
-    --max-num-batched-tokens 16384 --output-json "$OUT/w1.json" 2>&1 | quiet
-  cd ../peer && OUT="$OUT" timeout 200 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 --outlen 512 2>&1 | tail -6 ;;
-w3)
-  timeout 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none --model .gpucache/qwen2.5-7b \
-    --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
-    --output-json "$OUT/w3.json" 2>&1 | quiet | tail -6 ;;
-*) echo "usage: $0 tp|quant|w1peer|w3"; exit 2 ;;
-esac
+M7=.gpucache/qwen2.5-7b
+W1="--load-format dummy --dtype bfloat16 --peer none --workload peer-w1 --num-prompts 256 --input-len 1024
+    --output-len 512 --max-model-len 2048 --max-num-batched-tokens 16384"
+
+run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s) $(date +%T) | GPU MiB used: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')"
+  timeout -s ABRT -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc $(date +%T)"
+  grep -v -e tokenizer -e "^INFO" -e Warn -e _warn "$OUT/$name.log" | tail -n 25
+  pkill -9 -f "benchmarks/|hf_peer|multiprocessing.spawn" 2>/dev/null; sleep 2
+}
+
+for step in "$@"; do
+  case "$step" in
+  tp-small) run_step tp-small 150 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-0.5b \
+      --check-prompts 4 --check-tokens 16 --num-prompts 64 --input-len 256 --output-len 64 \
+      --output-json "$OUT/tensor_parallel_small.json" ;;
+  tp) run_step tp 330 python3 benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
+      --output-json "$OUT/tensor_parallel.json" ;;
+  tp-fp8) run_step tp-fp8 200 python3 benchmarks/tensor_parallel.py --model $M7 --quantization fp8 --check-prompts 8 \
+      --check-tokens 32 --check-dtype bfloat16 --skip-throughput --output-json "$OUT/tensor_parallel_fp8.json" ;;
+  quant)
+    run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
+      --output-json "$OUT/quantization.json"
+    run_step w1-bf16 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1_bf16.json"
+    run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 --output-json "$OUT/w1_fp8.json"
+    run_step ppl-fp8 150 python3 benchmarks/perplexity.py --dtype bfloat16 --methods none fp8 \
+      --output-json "$OUT/perplexity.json" ;;
+  w1peer)
+    run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json"
+    (cd peer && OUT="$OUT" run_step peer-w1 220 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 --outlen 512) ;;
+  w3) run_step w3 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none --model $M7 \
+      --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
+      --output-json "$OUT/w3.json" ;;
+  check32) run_step check32 150 python3 benchmarks/gpu_check.py --model .gpucache/qwen2.5-0.5b --dtype float32 \
+      --checks prefix swap --num-prompts 16 --output-json "$OUT/gpu_check_fp32.json" ;;
+  *) echo "unknown step $step (see the header of $0)"; exit 2 ;;
+  esac
+done
 ls "$OUT"

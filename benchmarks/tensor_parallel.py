@@ -64,7 +64,7 @@ def child(args) -> None:
 def run_child(argv: list[str], role: str, tp: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, __file__, *argv, "--role", role, "--tp", str(tp), "--child-output", out.name]
-        print(f"[tp={tp}] {role} ...", flush=True)
+        print(f"[tp={tp}] {role} ... ({time.strftime('%H:%M:%S')})", flush=True)
         subprocess.run(cmd, check=True)
         return json.loads(Path(out.name).read_text())
 
