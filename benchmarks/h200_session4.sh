@@ -5,13 +5,16 @@
 #   tp-small  TP=1 vs TP=2 on the Qwen2.5-0.5B shape: a few greedy requests + a short W1 (does TP run at all)
 #   tp        TP=1 vs TP=2 on the Qwen2.5-7B shape: greedy tokens (float32) + W1 side by side
 #   tp-fp8    TP=1 vs TP=2 with --quantization fp8 on the Qwen2.5-7B shape: greedy tokens
-#   quant     W4A16/FP8 decode latency vs bf16 (Qwen2.5-7B shape), FP8 W1 vs bf16 W1, FP8 perplexity
+#   quant     W4A16/FP8 decode latency vs bf16 (Qwen2.5-7B shape), FP8 W1 vs bf16 W1
 #   w1peer    W1 (async scheduling) and the transformers peer in the same call
 #   w3        W3 latency (50 x 1000 in / 2000 out, median TPOT)
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
 # PYTHONFAULTHANDLER) and writes its JSON under $OUT; leftovers of a step are killed before the next.
-# Carried, git-ignored: .gpucache (dummy model dirs), peer/ (a copy of ../shared/peer).
+#   ppl-fp8   perplexity of the packaged SmolLM2 unquantized vs FP8 (the GGUF, 98 MB, is over one call's
+#             carry limit: it travels in two parts, .devcarry/a in one call and .devcarry/b in the next)
+# Carried, git-ignored: .gpucache (dummy model dirs; or .devcarry/*/gpucache.tar.xz, unpacked here),
+# peer/ (a copy of ../shared/peer).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TESSERA_CACHE_DIR=/tmp/tessera-cache TESSERA_LOGGING_LEVEL=WARNING
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,6 +22,7 @@ M7=.gpucache/qwen2.5-7b
 W1="--load-format dummy --dtype bfloat16 --peer none --workload peer-w1 --num-prompts 256 --input-len 1024
     --output-len 512 --max-model-len 2048 --max-num-batched-tokens 16384"
 
+for t in .devcarry/*/gpucache.tar.xz; do [ -d .gpucache/qwen2.5-7b ] || tar -xJf "$t"; done
 run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
   local name=$1 limit=$2; shift 2
   echo "== $name (limit ${limit}s) $(date +%T) | GPU MiB used: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')"
@@ -43,8 +47,12 @@ for step in "$@"; do
       --output-json "$OUT/quantization.json"
     run_step w1-bf16 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1_bf16.json"
     run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 --output-json "$OUT/w1_fp8.json"
-    run_step ppl-fp8 150 python3 benchmarks/perplexity.py --dtype bfloat16 --methods none fp8 \
-      --output-json "$OUT/perplexity.json" ;;
+    ;;
+  ppl-fp8)
+    cat .devcarry/a/gguf.partaa .devcarry/b/gguf.partab .devcarry/b/gguf.partac > /tmp/smollm2.gguf \
+      && sha256sum /tmp/smollm2.gguf | cut -c1-16 \
+      && run_step ppl-fp8 150 python3 benchmarks/perplexity.py --model /tmp/smollm2.gguf --dtype bfloat16 \
+        --methods none fp8 --output-json "$OUT/perplexity_fp8.json" ;;
   w1peer)
     run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json"
     (cd peer && OUT="$OUT" run_step peer-w1 220 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 --outlen 512) ;;
