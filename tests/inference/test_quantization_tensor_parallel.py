@@ -3,8 +3,10 @@
 * Weight level, every method (FP8 included, which has no CPU engine path): each rank of a
   TP=2 model holds exactly its slice of the TP=1 model's quantized weights, for random (dummy)
   weights as the GPU benchmark loads them, and its row-parallel layers sum to the TP=1 output.
-* Engine level: AWQ and GPTQ act-order checkpoints written by ``quantize_model`` give the same
-  greedy tokens with TP=2 as with TP=1; a group size the ranks cannot split fails at start-up.
+* Engine level: AWQ and GPTQ act-order checkpoints of tiny random Qwen2 models written by
+  ``quantize_model`` give the same greedy tokens with TP=2 (and GPTQ act-order with TP=3) as with
+  TP=1; a group size the ranks cannot split fails at start-up. (SmolLM2's groups of 64 allow TP=3,
+  but quantizing it takes about 15 minutes on a busy CI machine.)
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ import pytest
 import torch
 
 from inference import LLM, InvalidRequestError, SamplingParams
-from inference.distributed.partition import valid_quantized_tensor_parallel_sizes
-from inference.distributed.process_group import join_group, open_store
+from inference.distributed.partition import LinearPartition, valid_quantized_tensor_parallel_sizes
+from inference.distributed.process_group import TensorParallelGroup, join_group, open_store
 from inference.model_loader import load_hf_config
 from inference.models import build_model
 from inference.quantization import QuantizationConfig, QuantizedLinear
 from inference.quantization.fp8 import Fp8LinearMethod
+from inference.quantization.linear import make_linear_method
 from inference.quantization.quantize import CalibrationConfig, quantize_model
 
 from .conftest import make_tiny_model
@@ -110,6 +113,18 @@ def test_each_rank_holds_its_slice_of_the_single_rank_quantized_weights(tiny_qwe
             torch.testing.assert_close(mlp_out, full["model.layers.0.mlp.down_proj"](x_mlp), **tol)
 
 
+def test_a_checkpoint_tensor_of_the_wrong_full_shape_is_named():
+    """Rank 1 of 2 of a row-parallel GPTQ layer (64 -> 32 features) is handed a 48-row tensor."""
+    partition = LinearPartition(64, 32, (32, 64), ((0, 32),), {}, True, TensorParallelGroup(1, 2), {})
+    config = QuantizationConfig("gptq", group_size=32, zero_point=False)
+    layer = QuantizedLinear(32, 32, False, make_linear_method(config), torch.float32, partition=partition)
+    with pytest.raises(ValueError, match=r"qweight: expected 8 elements along dim 0 \(64 input features\), "
+                                         r"got shape \(6, 32\)"):
+        layer.load_weight("qweight", torch.zeros(6, 32, dtype=torch.int32))
+    layer.load_weight("qweight", torch.arange(8 * 32, dtype=torch.int32).view(8, 32))
+    assert layer.qweight[0, 0] == 4 * 32  # rank 1 holds packed rows 4..7 (input features 32..63)
+
+
 # ---- engine: greedy tokens of quantized checkpoints, TP=2 against TP=1 ------------------------------
 CHECKPOINTS = {"awq": dict(method="awq", group_size=32),
                "gptq_act_order": dict(method="gptq", group_size=32, desc_act=True)}
@@ -165,3 +180,19 @@ def test_valid_sizes_of_smollm2_with_quantization_groups(smollm2_dir):
     assert valid_quantized_tensor_parallel_sizes(config, "gptq", 64) == [1, 3]   # 9 ranks: 1536 / 9
     assert valid_quantized_tensor_parallel_sizes(config, "awq", 128) == [1]      # 576 / 3 = 192
     assert valid_quantized_tensor_parallel_sizes(config, "fp8", -1) == [1, 3, 9]
+
+
+@pytest.mark.timeout(600)
+def test_gptq_act_order_tp3_same_greedy_tokens(tmp_path, smollm2_tokenizer):
+    """Three ranks: a tiny Qwen2 of 6 heads of 16 (3 KV heads) and intermediate 192, groups of 32:
+    each rank holds 32 of o_proj's 96 input rows and 64 of down_proj's 192."""
+    model = make_tiny_model("qwen2", tmp_path / "qwen2", smollm2_tokenizer, hidden_size=96, intermediate_size=192,
+                            num_attention_heads=6, num_key_value_heads=3)
+    folder = str(quantize_model(str(model), tmp_path / "gptq", method="gptq", group_size=32, desc_act=True,
+                                calibration=CalibrationConfig(num_samples=2, seq_len=64)))
+    prompts = [[101, 2045, 3050], list(range(500, 540)), [7, 8000, 9, 31000, 12]]
+    one = LLM(model=folder, **TINY_ARGS)
+    expected = _greedy(one, prompts)
+    one.close()
+    with LLM(model=folder, tensor_parallel_size=3, **TINY_ARGS) as three:
+        assert _greedy(three, prompts) == expected
