@@ -6,7 +6,12 @@ The model is built unquantized on the ``meta`` device; ``quantize_linear_layers`
 ``nn.Linear`` of the decoder layers (the fused Q/K/V and gate/up projections included, the LM head
 excluded: published AWQ/GPTQ checkpoints keep it in 16 bits) for a ``QuantizedLinear`` of the same
 shape and shard offsets, so the model's ``load_weights`` keeps working unchanged: fused shards go
-through ``load_shard``, other tensors are plain parameters.
+through ``load_shard``, other tensors through ``load_weight``.
+
+Under tensor parallelism the replacement keeps the parallel layer's ``LinearPartition``: every rank
+reads the full checkpoint tensors and keeps its part, cut along the dimensions each method declares
+(``output_dim``, ``input_dim``); the same code cuts AWQ, GPTQ and FP8 weights, and random weights
+are drawn full-size so that every ``tensor_parallel_size`` runs the same model.
 """
 from __future__ import annotations
 
