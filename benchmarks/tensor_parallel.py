@@ -3,6 +3,8 @@ throughput side by side, in one run.
 
     python benchmarks/tensor_parallel.py                  # Qwen2.5-7B shape, dummy weights, 2 GPUs
     python benchmarks/tensor_parallel.py --num-prompts 64 --output-len 128   # a shorter W1
+    python benchmarks/tensor_parallel.py --quantization fp8    # FP8 W8A8 (quantized at load), TP=1 vs TP=2
+    python benchmarks/tensor_parallel.py --quantization awq    # random 4-bit weights, groups of 128
 
 For each size, in a fresh subprocess each (so that one engine's GPU memory never limits the next):
 1. greedy check: ``--check-prompts`` random prompts, ``--check-tokens`` greedy tokens in
@@ -10,6 +12,9 @@ For each size, in a fresh subprocess each (so that one engine's GPU memory never
    matmul, which in bfloat16 can flip near-ties of random weights; in float32 a flip is a bug);
    the tokens of every size are compared with TP=1's (identical requests, first divergence,
    largest logprob difference over the common prefix, from ``gpu_check.compare``);
+   With ``--quantization fp8`` the matmuls round their outputs to bfloat16 (``torch._scaled_mm``
+   with row-wise scales) and each rank scales its own activations, so near-ties can flip: read the
+   logprob difference beside the count of identical requests;
 2. throughput: W1 of ``benchmarks/throughput.py`` (256 x 1024 in / 512 out, bfloat16, same
    prompts for every size), with its figures (TTFT, TPOT, device wait).
 Writes JSON with the exact command to benchmarks/results/tensor_parallel_<model>.json.
@@ -36,7 +41,8 @@ def check_tokens(args) -> dict:
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 50000) for _ in range(rng.randint(8, 300))] for _ in range(args.check_prompts)]
     tokens, logprobs, elapsed, free_ok = run(args.model, prompts, args.check_tokens, dtype=args.check_dtype,
-                                             tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager)
+                                             tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager,
+                                             quantization=args.quantization)
     return {"tokens": tokens, "logprobs": logprobs, "seconds": elapsed, "blocks_all_free": free_ok}
 
 
@@ -49,7 +55,8 @@ def throughput(args) -> dict:
                             num_prompts=args.num_prompts, seed=0, model=args.model, dtype=args.dtype,
                             load_format="dummy", max_model_len=args.input_len + args.output_len,
                             max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-                            kv_cache_space=4.0, enforce_eager=args.enforce_eager, tensor_parallel_size=args.tp)
+                            kv_cache_space=4.0, enforce_eager=args.enforce_eager, tensor_parallel_size=args.tp,
+                            quantization=args.quantization)
     prompts, outputs = tp_bench.make_workload(w1, vocab)
     result = tp_bench.run_tessera(w1, prompts, outputs)
     result.pop("hf_config")
@@ -82,6 +89,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--quantization", choices=["awq", "gptq", "fp8"], default=None,
+                        help="quantize the dummy weights (awq/gptq: random 4-bit codes, groups of 128; fp8: at load)")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--role", choices=["check", "throughput"], help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
@@ -96,7 +105,8 @@ def main() -> None:
     argv = sys.argv[1:]  # the children ignore --output-json
     sizes = [int(s) for s in args.tp_sizes.split(",")]
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "model": args.model, "tp_sizes": sizes, "check": {}, "throughput": {}}
+              "model": args.model, "quantization": args.quantization, "tp_sizes": sizes, "check": {},
+              "throughput": {}}
     checks = {tp: run_child(argv, "check", tp) for tp in sizes}
     reference = checks[sizes[0]]
     for tp in sizes:
@@ -111,7 +121,8 @@ def main() -> None:
               f"median TPOT {ours['median_tpot_ms']:.2f} ms, median TTFT {ours['median_ttft_s']:.2f} s")
     base = result["throughput"][f"tp{sizes[0]}"]["output_tokens_per_s"]
     result["speedup_vs_first"] = {k: v["output_tokens_per_s"] / base for k, v in result["throughput"].items()}
-    write_result(result, args.output_json, f"tensor_parallel_{args.model.replace('/', '_')}.json")
+    suffix = f"_{args.quantization}" if args.quantization else ""
+    write_result(result, args.output_json, f"tensor_parallel_{args.model.replace('/', '_')}{suffix}.json")
 
 
 if __name__ == "__main__":

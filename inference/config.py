@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import InvalidRequestError, NotSupportedYetError
+from .errors import InvalidRequestError
 from .quantization.config import QuantizationConfig
 
 _DTYPES = {
@@ -117,16 +117,3 @@ class EngineConfig:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
-
-
-def check_not_supported_yet(tensor_parallel_size: int = 1, quantization: str | None = None) -> None:
-    """Refuse combinations whose features are planned but not built, instead of ignoring them.
-
-    Raises:
-        NotSupportedYetError: quantized weights under tensor parallelism (the quantized layers do
-            not shard their packed weights yet), naming both settings.
-    """
-    if tensor_parallel_size > 1 and quantization:
-        raise NotSupportedYetError(f"quantization={quantization!r} cannot be combined with tensor_parallel_size="
-                                   f"{tensor_parallel_size} yet (quantized layers are not split across ranks); use "
-                                   "tensor_parallel_size=1 or unquantized weights.")

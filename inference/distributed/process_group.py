@@ -45,6 +45,15 @@ class TensorParallelGroup:
         self.pg.allreduce([x]).wait()
         return x
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum of ``x`` over the ranks, in place (any shape and dtype)."""
+        if self.world_size == 1:
+            return x
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self.pg.allreduce([x], opts).wait()
+        return x
+
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:
         """Concatenate the ranks' ``x`` ``[N, V_shard]`` along the last dim on rank 0 (``[N, V_shard * tp]``,
         ranks in order); other ranks get None. Every rank must pass the same shape."""
@@ -62,11 +71,8 @@ class TensorParallelGroup:
         """The smallest ``value`` of all ranks (the KV block count every rank can hold)."""
         if self.world_size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.int64, device=device)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        self.pg.allreduce([t], opts).wait()
-        return int(t.item())
+        t = torch.tensor([-value], dtype=torch.int64, device=device)
+        return -int(self.all_reduce_max(t).item())
 
     def barrier(self, device: str) -> None:
         self.min_over_ranks(0, device)

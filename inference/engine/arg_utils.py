@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CacheConfig, EngineConfig, SchedulerConfig, check_not_supported_yet, parse_dtype
+from ..config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
 from ..core.policy import POLICIES
 from ..core.scheduler import PREEMPTION_MODES
-from ..distributed.partition import check_tensor_parallel_size
+from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 from ..quantization import resolve_quantization
@@ -101,7 +101,7 @@ class EngineArgs:
         Raises:
             ModelLoadError (param ``"load_format"``): a weightless benchmark shape such as
                 ``qwen2.5-7b`` without ``load_format="dummy"``, raised before anything is built.
-            ModelLoadError, UnsupportedArchitectureError, InvalidRequestError, NotSupportedYetError.
+            ModelLoadError, UnsupportedArchitectureError, InvalidRequestError.
         """
         self._check_ranges()
         if self.load_format != "dummy" and is_dummy_only(self.model):
@@ -118,7 +118,9 @@ class EngineArgs:
             checkpoint_dtype = getattr(torch, checkpoint_dtype, None)
         dtype = parse_dtype(self.dtype, checkpoint_dtype, device)
         quant_config = resolve_quantization(self.quantization, hf_config, self.load_format)
-        check_not_supported_yet(self.tensor_parallel_size, quant_config.method if quant_config else None)
+        if quant_config is not None:
+            check_quantized_tensor_parallel_size(self.tensor_parallel_size, hf_config, quant_config.method,
+                                                 quant_config.group_size)
         if quant_config is not None and quant_config.method == "fp8":
             check_fp8_supported(device)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..distributed.partition import head_partition, split_range
+from ..distributed.partition import LinearPartition, head_partition, split_range
 from ..distributed.process_group import TensorParallelGroup
 
 SINGLE_RANK = TensorParallelGroup()
@@ -48,6 +48,13 @@ class ColumnParallelLinear(nn.Linear):
     def full_shape(self, param_name: str) -> tuple[int, ...]:
         """Shape of the unsplit parameter (what ``load_weight`` takes)."""
         return (self.full_out_features, self.in_features) if param_name == "weight" else (self.full_out_features,)
+
+    def linear_partition(self) -> LinearPartition:
+        """Where this rank's rows lie in the full layer (what a quantized replacement loads)."""
+        sizes = getattr(self, "shard_sizes", {})
+        return LinearPartition(self.in_features, self.full_out_features, (0, self.in_features),
+                               tuple(self.out_ranges), dict(getattr(self, "shard_ranges", {})), False, self.tp,
+                               dict(sizes))
 
     def load_weight(self, param_name: str, full: torch.Tensor) -> None:
         """Copy this rank's rows of the full (unsplit) ``weight [out, in]`` or ``bias [out]``."""
@@ -133,6 +140,11 @@ class RowParallelLinear(nn.Linear):
 
     def full_shape(self, param_name: str) -> tuple[int, ...]:
         return (self.out_features, self.full_in_features) if param_name == "weight" else (self.out_features,)
+
+    def linear_partition(self) -> LinearPartition:
+        """Where this rank's columns lie in the full layer (what a quantized replacement loads)."""
+        return LinearPartition(self.full_in_features, self.out_features, self.in_range, ((0, self.out_features),),
+                               {}, self.tp.world_size > 1, self.tp, {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

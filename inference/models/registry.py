@@ -9,7 +9,8 @@ from torch import nn
 
 from ..distributed.process_group import TensorParallelGroup
 from ..errors import ModelLoadError, UnsupportedArchitectureError
-from ..quantization import QuantizationConfig, log_weight_memory, process_quantized_weights, quantize_linear_layers
+from ..quantization import (QuantizationConfig, QuantizedLinear, log_weight_memory, process_quantized_weights,
+                            quantize_linear_layers)
 from .llama import LlamaFamilyForCausalLM
 from .parallel_layers import SINGLE_RANK
 
@@ -94,9 +95,10 @@ def _init_dummy(model: nn.Module) -> None:
     A tensor-parallel layer draws its whole unsplit parameter (``full_shape``) and keeps its part,
     so the random model is the same whatever the ``tensor_parallel_size``."""
     generator = None
+    quantized = {id(p) for m in model.modules() if isinstance(m, QuantizedLinear) for p in m.parameters()}
     for name, param in model.named_parameters():
-        if not param.is_floating_point() or name.endswith((".qweight", ".qzeros", ".scales", ".g_idx")):
-            continue  # quantized layers draw their own (process_quantized_weights)
+        if not param.is_floating_point() or id(param) in quantized:
+            continue  # quantized layers draw their own, full-size (process_quantized_weights)
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(0)
         module_name, _, param_name = name.rpartition(".")

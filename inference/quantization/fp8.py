@@ -36,10 +36,17 @@ def check_fp8_supported(device: str) -> None:
                                   f"{capability[0]}.{capability[1]}). Use awq or gptq instead.", param="quantization")
 
 
-def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_rowwise(x: torch.Tensor, row_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row FP8 quantization: ``x [R, C]`` -> ``(codes [R, C] float8_e4m3fn, scales [R, 1] float32)``
-    with ``x ~= codes * scales`` and each row's largest magnitude mapped to 448."""
-    scales = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    with ``x ~= codes * scales`` and each row's largest magnitude mapped to 448.
+
+    Args:
+        row_max: ``[R, 1]`` float32 largest magnitude of each row, when ``x`` is only part of the
+            rows (a row-parallel rank's columns; the maximum is then taken over all ranks).
+    """
+    if row_max is None:
+        row_max = x.abs().amax(dim=-1, keepdim=True).float()
+    scales = (row_max / FP8_MAX).clamp(min=_MIN_SCALE)
     codes = (x.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return codes, scales
 
@@ -49,6 +56,13 @@ class Fp8LinearMethod(LinearMethodBase):
 
     Loads ``weight [N, K]`` in the model dtype, then holds ``weight [N, K]`` float8_e4m3fn and
     ``weight_scale [N]`` float32.
+
+    Tensor parallelism (``N``, ``K``: this rank's features): a column-parallel rank quantizes its
+    output rows, whose scales are the matching slice of the full layer's. A row-parallel rank holds
+    its input columns and all ``N`` scales, taken over the FULL rows (the ranks' row maxima are
+    combined with a max all-reduce at load), so each rank's codes are exactly its columns of the
+    single-GPU layer's. Activation scales are per token and per rank (over the rank's ``K``
+    columns): each rank's partial product is scaled before the all-reduce sums them.
     """
 
     def create_weights(self, layer: QuantizedLinear, params_dtype: torch.dtype) -> None:
@@ -57,13 +71,21 @@ class Fp8LinearMethod(LinearMethodBase):
     def output_dim(self, param_name: str) -> tuple[int, int] | None:
         return (0, 1)
 
-    def init_dummy(self, layer: QuantizedLinear, generator: torch.Generator) -> None:
-        with torch.no_grad():
-            layer.weight.normal_(0.0, 0.02, generator=generator)
+    def input_dim(self, layer: QuantizedLinear, param_name: str) -> tuple[int, int] | None:
+        return (1, 1)
+
+    def dummy_checkpoint(self, layer: QuantizedLinear, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        part = layer.partition
+        weight = torch.empty((part.full_out_features, part.full_in_features), dtype=layer.weight.dtype,
+                             device=layer.weight.device)
+        return {"weight": weight.normal_(0.0, 0.02, generator=generator)}
 
     def process_weights_after_loading(self, layer: QuantizedLinear) -> None:
         with torch.no_grad():
-            codes, scales = quantize_fp8_rowwise(layer.weight)
+            row_max = None
+            if layer.partition.splits_input:  # scales over the full rows: the max over the ranks
+                row_max = layer.partition.tp.all_reduce_max(layer.weight.abs().amax(dim=-1, keepdim=True).float())
+            codes, scales = quantize_fp8_rowwise(layer.weight, row_max)
         layer.replace("weight", codes)
         layer.replace("weight_scale", scales.reshape(-1))
 

@@ -21,6 +21,16 @@ class Int4LinearMethod(LinearMethodBase):
     After loading, the layer holds ``qweight [K/8, N]`` int32, ``qzeros [G, N/8]`` int32 (true zero
     points), ``scales [G, N]`` float16, and ``perm [K]`` int64 when act-order scattered the groups
     (rows are then sorted by group and ``x`` is permuted the same way).
+
+    Tensor parallelism (``K``, ``N``: this rank's features): a column-parallel rank holds its output
+    columns of every tensor. A row-parallel rank holds its input rows of ``qweight`` and the groups
+    they form: ``K`` is a multiple of the group size (checked at start-up), so its ``G = K / group``
+    groups of scales and zero points are a slice too. Two cases keep the full ``[G_full, N]`` scales
+    and zero points instead, as vLLM does: per-channel quantization (``group_size=-1``: one group
+    spans every rank) and GPTQ act-order, whose ``g_idx [K]`` sends a rank's rows to groups all over
+    the full input; the rank then keeps its rows in checkpoint order with their group indices
+    (``row_groups [K]`` int32) and dequantizes each row with its own group's scale and zero point
+    (no permutation of ``x``, which each rank holds only in part).
     """
 
     def __init__(self, config: QuantizationConfig) -> None:
@@ -29,15 +39,20 @@ class Int4LinearMethod(LinearMethodBase):
 
     def create_weights(self, layer: QuantizedLinear, params_dtype: torch.dtype) -> None:
         K, N = layer.in_features, layer.out_features
+        part = layer.partition
         group = K if self.config.group_size == -1 else self.config.group_size
         if K % group or group % 16 or K % 8 or N % 8:
             raise ModelLoadError(
                 f"{self.config.method.upper()} group_size={self.config.group_size} does not fit a linear layer of "
-                f"{K} input and {N} output features: in_features must be a multiple of the group size, the group "
-                "size a multiple of 16, and both feature counts multiples of 8 (try group_size 32, 64 or -1).",
-                param="quantization")
+                f"{K} input and {N} output features{' on this tensor-parallel rank' if part.tp.world_size > 1 else ''}"
+                ": in_features must be a multiple of the group size, the group size a multiple of 16, and both "
+                "feature counts multiples of 8 (try group_size 32, 64 or -1).", param="quantization")
         layer.group_size = group
+        layer.keep_full_groups = part.splits_input and (self.config.group_size == -1
+                                                        or (not self.is_awq and self.config.desc_act))
         num_groups = K // group
+        if layer.keep_full_groups and self.config.group_size != -1:
+            num_groups = part.full_in_features // group
         if self.is_awq:
             layer.register("qweight", (K, N // 8), torch.int32)
         else:
@@ -46,6 +61,7 @@ class Int4LinearMethod(LinearMethodBase):
         layer.register("qzeros", (num_groups, N // 8), torch.int32)
         layer.register("scales", (num_groups, N), torch.float16)
         layer.perm = None
+        layer.row_groups = None
 
     def output_dim(self, param_name: str) -> tuple[int, int] | None:
         if param_name == "g_idx":
@@ -54,14 +70,27 @@ class Int4LinearMethod(LinearMethodBase):
             return (1, 1)
         return (1, 8)  # qzeros, AWQ's qweight
 
-    def init_dummy(self, layer: QuantizedLinear, generator: torch.Generator) -> None:
-        with torch.no_grad():
-            layer.qweight.random_(-2 ** 31, 2 ** 31 - 1, generator=generator)
-            eights = torch.full((8,), 8 - (not self.is_awq), dtype=torch.int32, device=layer.qzeros.device)
-            layer.qzeros.copy_(packing.pack_cols(eights[None, :]).expand_as(layer.qzeros))
-            layer.scales.fill_(_DUMMY_SCALE)
-            if not self.is_awq:
-                layer.g_idx.copy_(packing.group_index(layer.in_features, layer.group_size, layer.g_idx.device))
+    def input_dim(self, layer: QuantizedLinear, param_name: str) -> tuple[int, int] | None:
+        if param_name == "g_idx":
+            return (0, 1)
+        if param_name == "qweight":
+            return (0, 1) if self.is_awq else (0, 8)
+        return None if layer.keep_full_groups else (0, layer.group_size)  # scales, qzeros
+
+    def dummy_checkpoint(self, layer: QuantizedLinear, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        K, N = layer.partition.full_in_features, layer.partition.full_out_features
+        group = K if self.config.group_size == -1 else self.config.group_size
+        device = layer.qweight.device
+        shape = (K, N // 8) if self.is_awq else (K // 8, N)
+        qweight = torch.empty(shape, dtype=torch.int32, device=device).random_(-2 ** 31, 2 ** 31 - 1,
+                                                                              generator=generator)
+        eights = torch.full((8,), 8 - (not self.is_awq), dtype=torch.int32, device=device)
+        tensors = {"qweight": qweight,
+                   "qzeros": packing.pack_cols(eights[None, :]).expand(K // group, N // 8).contiguous(),
+                   "scales": torch.full((K // group, N), _DUMMY_SCALE, dtype=torch.float16, device=device)}
+        if not self.is_awq:
+            tensors["g_idx"] = packing.group_index(K, group, device)
+        return tensors
 
     def process_weights_after_loading(self, layer: QuantizedLinear) -> None:
         with torch.no_grad():
@@ -73,10 +102,15 @@ class Int4LinearMethod(LinearMethodBase):
                 zeros = (packing.unpack_cols(layer.qzeros) + 1) & 0xF  # v1 stores zero - 1
                 g_idx = layer.g_idx.to(torch.int64)
                 layer.replace("g_idx", None)
-                if not torch.equal(g_idx, packing.group_index(layer.in_features, layer.group_size,
-                                                              g_idx.device).long()):
-                    layer.perm = self._act_order_perm(layer, g_idx)
-                    codes = codes[layer.perm]
+                if layer.keep_full_groups and self.config.group_size != -1:
+                    layer.row_groups = g_idx.to(torch.int32)
+                else:
+                    if not layer.keep_full_groups:  # this rank's groups start at its first row's
+                        g_idx = g_idx - layer.partition.in_range[0] // layer.group_size
+                    if not torch.equal(g_idx, packing.group_index(layer.in_features, layer.group_size,
+                                                                  g_idx.device).long()):
+                        layer.perm = self._act_order_perm(layer, g_idx)
+                        codes = codes[layer.perm]
             layer.replace("qweight", packing.pack_gptq_qweight(codes))
             layer.replace("qzeros", packing.pack_cols(zeros))
 
@@ -91,6 +125,9 @@ class Int4LinearMethod(LinearMethodBase):
 
     def dequantized_weight(self, layer: QuantizedLinear, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weights ``[K, N]`` in ``dtype`` (rows in the order ``apply`` multiplies them)."""
+        if layer.row_groups is not None:
+            return packing.dequantize(packing.unpack_gptq_qweight(layer.qweight), layer.scales,
+                                      packing.unpack_cols(layer.qzeros), layer.row_groups, dtype)
         return packing.dequantize_internal(layer.qweight, layer.qzeros, layer.scales, layer.group_size, dtype)
 
     def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -98,5 +135,6 @@ class Int4LinearMethod(LinearMethodBase):
             x = x.index_select(1, layer.perm)
         if use_triton_layers(x):
             from .triton_w4a16 import w4a16_matmul
-            return w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size)
+            return w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
+                                row_groups=layer.row_groups)
         return torch.matmul(x, self.dequantized_weight(layer, x.dtype))

@@ -6,7 +6,12 @@ The model is built unquantized on the ``meta`` device; ``quantize_linear_layers`
 ``nn.Linear`` of the decoder layers (the fused Q/K/V and gate/up projections included, the LM head
 excluded: published AWQ/GPTQ checkpoints keep it in 16 bits) for a ``QuantizedLinear`` of the same
 shape and shard offsets, so the model's ``load_weights`` keeps working unchanged: fused shards go
-through ``load_shard``, other tensors are plain parameters.
+through ``load_shard``, other tensors through ``load_weight``.
+
+Under tensor parallelism the replacement keeps the parallel layer's ``LinearPartition``: every rank
+reads the full checkpoint tensors and keeps its part, cut along the dimensions each method declares
+(``output_dim``, ``input_dim``); the same code cuts AWQ, GPTQ and FP8 weights, and random weights
+are drawn full-size so that every ``tensor_parallel_size`` runs the same model.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..distributed.partition import LinearPartition
+from ..distributed.process_group import TensorParallelGroup
 from .config import QuantizationConfig
 
 logger = logging.getLogger(__name__)
@@ -28,8 +35,10 @@ class LinearMethodBase(ABC):
 
     Subclasses register their parameters on the layer in ``create_weights`` under the checkpoint's
     names (``qweight``, ``scales``, ...), say how each is split along the output features
-    (``output_dim``), convert them once loaded (``process_weights_after_loading``), and compute
-    ``apply(layer, x [T, K]) -> [T, N]`` in ``x.dtype``.
+    (``output_dim``) and the input features (``input_dim``) so that ``QuantizedLinear`` can cut a
+    tensor-parallel rank's part out of the full checkpoint tensor, convert them once loaded
+    (``process_weights_after_loading``), and compute ``apply(layer, x [T, K]) -> [T, N]`` in ``x.dtype``
+    (``K``, ``N``: this rank's features; a row-parallel layer's partial sum, reduced by the layer).
     """
 
     @abstractmethod
@@ -42,12 +51,20 @@ class LinearMethodBase(ABC):
         per element; None for a parameter every shard carries whole (GPTQ's ``g_idx``)."""
         ...
 
+    @abstractmethod
+    def input_dim(self, layer: "QuantizedLinear", param_name: str) -> tuple[int, int] | None:
+        """``(dim, features_per_element)``: input features of ``param_name`` lie along ``dim``,
+        ``features_per_element`` per element (8 for GPTQ's packed rows, the group size for scales);
+        None for a parameter that a row-parallel rank keeps whole."""
+        ...
+
     def process_weights_after_loading(self, layer: "QuantizedLinear") -> None:
         """Convert the loaded checkpoint tensors into what ``apply`` reads."""
 
     @abstractmethod
-    def init_dummy(self, layer: "QuantizedLinear", generator: torch.Generator) -> None:
-        """Random weights of the right layout (``load_format="dummy"``), before processing."""
+    def dummy_checkpoint(self, layer: "QuantizedLinear", generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Random checkpoint tensors of the FULL (unsplit) layer (``load_format="dummy"``), on the
+        layer's device, so that every ``tensor_parallel_size`` draws the same model."""
         ...
 
     @abstractmethod
@@ -59,16 +76,26 @@ def _param(shape, dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
 
+def _narrow(tensor: torch.Tensor, dim: int, start: int, end: int, per: int, what: str) -> torch.Tensor:
+    if start % per or end % per:
+        raise ValueError(f"{what}: features [{start}, {end}) do not fall on whole elements of {per} features")
+    return tensor.narrow(dim, start // per, (end - start) // per)
+
+
 class QuantizedLinear(nn.Module):
     """A linear layer ``y = x W^T + b`` whose weights a ``LinearMethodBase`` stores and multiplies.
 
+    ``in_features`` / ``out_features`` are this tensor-parallel rank's; ``partition`` says where they
+    lie in the full layer (see ``models.parallel_layers.LinearPartition``; None: a single rank).
     ``shard_sizes`` maps each Hugging Face projection fused into this layer (``"q_proj"``) to its
-    output features, as ``FusedLinear`` does; None for an unfused layer.
-    ``forward(x [..., in_features]) -> [..., out_features]`` in ``x.dtype``.
+    local output features, as ``FusedLinear`` does; None for an unfused layer.
+    ``forward(x [..., in_features]) -> [..., out_features]`` in ``x.dtype``; a row-parallel layer
+    all-reduces its partial product over the ranks before adding the bias.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethodBase,
-                 params_dtype: torch.dtype, shard_sizes: dict[str, int] | None = None) -> None:
+                 params_dtype: torch.dtype, shard_sizes: dict[str, int] | None = None,
+                 partition: LinearPartition | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.method = method
@@ -78,6 +105,10 @@ class QuantizedLinear(nn.Module):
         for name, size in (shard_sizes or {}).items():
             self.offsets[name] = (start, start + size)
             start += size
+        self.partition = partition or LinearPartition(
+            in_features, out_features, (0, in_features), ((0, out_features),),
+            {name: (0, end - begin) for name, (begin, end) in self.offsets.items()}, False, TensorParallelGroup(),
+            {name: end - begin for name, (begin, end) in self.offsets.items()})
         method.create_weights(self, params_dtype)
         self.bias = _param((out_features,), params_dtype) if bias else None
 
@@ -92,20 +123,62 @@ class QuantizedLinear(nn.Module):
         if tensor is not None:
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
 
-    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
-        """Copy the checkpoint tensor of one fused projection into its slice of ``param_name``.
+    def rank_part(self, param_name: str, full: torch.Tensor, out_ranges: tuple[tuple[int, int], ...],
+                  full_out: int, what: str | None = None) -> torch.Tensor:
+        """This rank's part of a checkpoint tensor: ``out_ranges`` of its ``full_out`` output features
+        (concatenated) and, in a row-parallel layer, the rank's input features.
 
         Raises:
-            ValueError: an unknown parameter, or a shape that does not match the slice.
+            ValueError: ``full`` does not have the full tensor's extent along a split dimension.
+        """
+        what = what or param_name
+        out = (0, 1) if param_name == "bias" else self.method.output_dim(param_name)
+        if out is not None:
+            dim, pack = out
+            if full.dim() <= dim or full.shape[dim] * pack != full_out:
+                raise ValueError(f"{what}: expected {full_out // pack} elements along dim {dim} ({full_out} output "
+                                 f"features), got shape {tuple(full.shape)}")
+            parts = [_narrow(full, dim, lo, hi, pack, what) for lo, hi in out_ranges]
+            full = parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+        inp = None if param_name == "bias" else self.method.input_dim(self, param_name)
+        if inp is not None and self.partition.splits_input:
+            dim, per = inp
+            if full.shape[dim] * per != self.partition.full_in_features:
+                raise ValueError(f"{what}: expected {self.partition.full_in_features // per} elements along dim "
+                                 f"{dim} ({self.partition.full_in_features} input features), got shape "
+                                 f"{tuple(full.shape)}")
+            full = _narrow(full, dim, *self.partition.in_range, per, what)
+        return full
+
+    def load_weight(self, param_name: str, full: torch.Tensor) -> None:
+        """Copy this rank's part of the full (unsplit, unfused) checkpoint tensor ``param_name``.
+
+        Raises:
+            ValueError: an unknown parameter, or a shape that does not match the full layer's.
+        """
+        target = getattr(self, param_name, None)
+        if not isinstance(target, torch.Tensor):
+            raise ValueError(f"{param_name}: not a tensor of a {type(self.method).__name__} layer")
+        part = self.rank_part(param_name, full, self.partition.out_ranges, self.partition.full_out_features)
+        self._copy_checked(param_name, target, part)
+
+    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
+        """Copy this rank's part of one fused projection's full checkpoint tensor into its slice of
+        ``param_name``.
+
+        Raises:
+            ValueError: an unknown parameter, or a shape that does not match the projection's.
         """
         start, end = self.offsets[shard]
         target = getattr(self, param_name, None)
         if not isinstance(target, torch.Tensor):
             raise ValueError(f"{shard}.{param_name}: not a tensor of a {type(self.method).__name__} layer")
+        tensor = self.rank_part(param_name, tensor, (self.partition.shard_ranges[shard],),
+                                self.partition.full_shard_sizes[shard], what=f"{shard}.{param_name}")
         where = (0, 1) if param_name == "bias" else self.method.output_dim(param_name)
         if where is None:  # carried whole by every shard (the same input rows); they must agree
             if param_name in self._whole_loaded:
-                if not torch.equal(target.cpu(), tensor.to(target.dtype)):
+                if not torch.equal(target.cpu(), tensor.to(target.dtype).cpu()):
                     raise ValueError(f"{shard}.{param_name} differs from the other fused projections'")
                 return
             self._copy_checked(f"{shard}.{param_name}", target, tensor)
@@ -121,8 +194,18 @@ class QuantizedLinear(nn.Module):
         with torch.no_grad():
             target.copy_(tensor)
 
+    def init_dummy(self, generator: torch.Generator) -> None:
+        """Random weights (``load_format="dummy"``): the full layer's, of which this rank keeps its part."""
+        for name, full in self.method.dummy_checkpoint(self, generator).items():
+            self.load_weight(name, full)
+        if self.bias is not None:
+            full = torch.empty(self.partition.full_out_features, dtype=self.bias.dtype, device=self.bias.device)
+            self.load_weight("bias", full.normal_(0.0, 0.02, generator=generator))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x.reshape(-1, self.in_features))
+        if self.partition.reduce:
+            out = self.partition.tp.all_reduce(out)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -142,8 +225,9 @@ def make_linear_method(config: QuantizationConfig) -> LinearMethodBase:
 def quantize_linear_layers(model: nn.Module, config: QuantizationConfig, skip: tuple[str, ...] = ("lm_head",)) -> int:
     """Replace the model's ``nn.Linear`` layers (not those named in ``skip``) by ``QuantizedLinear``.
 
-    Call on a model built on the ``meta`` device, under the model's default dtype. Returns the number
-    of layers replaced.
+    Call on a model built on the ``meta`` device, under the model's default dtype. Tensor-parallel
+    layers keep their split (``LinearPartition``): each rank loads its part of the quantized
+    checkpoint. Returns the number of layers replaced.
     """
     count = 0
     for parent in list(model.modules()):
@@ -153,7 +237,8 @@ def quantize_linear_layers(model: nn.Module, config: QuantizationConfig, skip: t
             offsets = getattr(child, "offsets", None)
             shard_sizes = {k: end - start for k, (start, end) in offsets.items()} if offsets else None
             layer = QuantizedLinear(child.in_features, child.out_features, child.bias is not None,
-                                    make_linear_method(config), child.weight.dtype, shard_sizes)
+                                    make_linear_method(config), child.weight.dtype, shard_sizes,
+                                    child.linear_partition() if hasattr(child, "linear_partition") else None)
             setattr(parent, child_name, layer)
             count += 1
     return count
@@ -164,10 +249,7 @@ def process_quantized_weights(model: nn.Module, generator: torch.Generator | Non
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
             if generator is not None:
-                module.method.init_dummy(module, generator)
-                if module.bias is not None:
-                    with torch.no_grad():
-                        module.bias.normal_(0.0, 0.02, generator=generator)
+                module.init_dummy(generator)
             module.method.process_weights_after_loading(module)
 
 

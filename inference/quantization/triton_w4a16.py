@@ -26,8 +26,10 @@ def _w4a16_kernel(
     scales_ptr,   # [G, N] float16, contiguous
     qzeros_ptr,   # [G, N/8] int32, contiguous: bits 4i..4i+3 of column c hold output column 8c+i
     out_ptr,      # [SPLIT_K, M, N] float32, contiguous: one partial sum per K split
+    row_groups_ptr,  # [K] int32: the group of each input row (read only when ROW_GROUPS)
     M, N, K, stride_xm, group_size, k_blocks_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -51,11 +53,20 @@ def _w4a16_kernel(
                          mask=mask_n[None, :], other=0)                    # [BLOCK_K/8, BLOCK_N]
         codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF          # [BLOCK_K/8, 8, BLOCK_N]
         codes = tl.reshape(codes, (BLOCK_K, BLOCK_N))                      # row 8r+i <- slot i of row r
-        group = k0 // group_size                  # BLOCK_K divides group_size: one group per block
-        scale = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
-        zero = ((zp >> zero_shifts) & 0xF).to(tl.float32)
-        w = ((codes.to(tl.float32) - zero[None, :]) * scale[None, :]).to(x.dtype)
+        if ROW_GROUPS:  # act-order rows of a row-parallel shard: each row reads its own group
+            groups = tl.load(row_groups_ptr + offs_k).to(tl.int64)           # [BLOCK_K]
+            scale = tl.load(scales_ptr + groups[:, None] * N + offs_n[None, :], mask=mask_n[None, :],
+                            other=0.0).to(tl.float32)                          # [BLOCK_K, BLOCK_N]
+            zp = tl.load(qzeros_ptr + groups[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask_n[None, :],
+                         other=0)
+            zero = ((zp >> zero_shifts[None, :]) & 0xF).to(tl.float32)
+            w = ((codes.to(tl.float32) - zero) * scale).to(x.dtype)
+        else:
+            group = k0 // group_size              # BLOCK_K divides group_size: one group per block
+            scale = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
+            zero = ((zp >> zero_shifts) & 0xF).to(tl.float32)
+            w = ((codes.to(tl.float32) - zero[None, :]) * scale[None, :]).to(x.dtype)
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     out = out_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
@@ -91,7 +102,8 @@ def tile_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> tuple[
 
 
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
-                 group_size: int, num_sms: int | None = None) -> torch.Tensor:
+                 group_size: int, num_sms: int | None = None,
+                 row_groups: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K] @ W [K, N]`` with W the int4 weights, result ``[M, N]`` in ``x.dtype``.
 
     Args:
@@ -99,6 +111,8 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         qweight: ``[K/8, N]`` int32; qzeros ``[G, N/8]`` int32; scales ``[G, N]`` float16 (internal layout).
         group_size: input rows per group (K for per-channel), a multiple of 16.
         num_sms: SMs to fill (default: the device's; fixed in tests under the interpreter).
+        row_groups: ``[K]`` int32, the group of each row when rows are not sorted by group (GPTQ
+            act-order on a row-parallel rank); ``group_size`` then only sizes the K blocks.
     """
     M, K = x.shape
     N = qweight.shape[1]
@@ -111,9 +125,10 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     split_k = triton.cdiv(K // block_k, k_blocks_per_split)
     partial = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(N, block_n), triton.cdiv(M, block_m), split_k)
-    _w4a16_kernel[grid](x, qweight, scales, qzeros, partial, M, N, K, x.stride(0), group_size, k_blocks_per_split,
+    _w4a16_kernel[grid](x, qweight, scales, qzeros, partial, qweight if row_groups is None else row_groups,
+                        M, N, K, x.stride(0), group_size, k_blocks_per_split,
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                        num_warps=4, num_stages=3)
+                        ROW_GROUPS=row_groups is not None, num_warps=4, num_stages=3)
     out = partial[0] if split_k == 1 else partial.sum(0)
     return out.to(x.dtype)

@@ -74,16 +74,19 @@ TINY_CONFIGS = {
 }
 
 
-def make_tiny_model(kind: str, folder: Path, tokenizer, max_position_embeddings: int = 512) -> Path:
-    """Save a tiny random-weight model of the given kind, with SmolLM2's tokenizer, in HF format."""
+def make_tiny_model(kind: str, folder: Path, tokenizer, max_position_embeddings: int = 512, **shape) -> Path:
+    """Save a tiny random-weight model of the given kind, with SmolLM2's tokenizer, in HF format.
+
+    ``shape`` overrides the config's sizes (hidden 64, intermediate 128, 4 heads, 2 KV heads, 2 layers)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     spec = dict(TINY_CONFIGS[kind])
     arch, model_type = spec.pop("arch"), spec.pop("model_type")
+    sizes = {**dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2), **shape}
     config = AutoConfig.for_model(
-        model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
-        rms_norm_eps=1e-6,
-        architectures=[arch], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
+        model_type, vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6,
+        architectures=[arch], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
+        **spec)
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

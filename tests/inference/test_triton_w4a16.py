@@ -74,3 +74,21 @@ def test_quantized_linear_apply_uses_the_kernel_layout_for_awq_checkpoints():
     out = w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, num_sms=1)
     torch.testing.assert_close(out, x @ dense, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(layer(x), x @ dense, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(dtype):
+    """A row-parallel rank of a GPTQ act-order layer: its 128 rows in checkpoint order point at groups
+    all over the full layer (8 groups of 32), whose scales and zero points it keeps whole."""
+    torch.manual_seed(3)
+    K, N, num_groups = 128, 48, 8
+    codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
+    scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
+    zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
+    row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
+    dense = packing.dequantize(codes, scales, zeros, row_groups).to(DEVICE)
+    x = torch.randn(5, K, device=DEVICE).to(dtype)
+    out = w4a16_matmul(x, packing.pack_gptq_qweight(codes).to(DEVICE), scales.to(DEVICE),
+                       packing.pack_cols(zeros).to(DEVICE), 32, num_sms=4, row_groups=row_groups.to(DEVICE))
+    expected = (x.float() @ dense.to(dtype).float()).to(dtype)
+    torch.testing.assert_close(out.float(), expected.float(), **TOL[dtype])
