@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true", help="the greedy check only")
     parser.add_argument("--quantization", choices=["awq", "gptq", "fp8"], default=None,
                         help="quantize the dummy weights (awq/gptq: random 4-bit codes, groups of 128; fp8: at load)")
     parser.add_argument("--output-json", default=None)
@@ -115,12 +116,13 @@ def main() -> None:
         result["check"][f"tp{tp}"] = summary
         print(f"[tp={tp}] greedy check ({args.check_dtype}): {summary['identical_requests']}/{summary['requests']} "
               f"requests identical to tp={sizes[0]}, max |logprob diff| {summary['max_abs_logprob_diff_common_prefix']:.2e}")
-    for tp in sizes:
+    for tp in [] if args.skip_throughput else sizes:
         result["throughput"][f"tp{tp}"] = ours = run_child(argv, "throughput", tp)
         print(f"[tp={tp}] W1 {args.dtype}: {ours['output_tokens_per_s']:.1f} output tok/s ({ours['seconds']:.1f} s), "
               f"median TPOT {ours['median_tpot_ms']:.2f} ms, median TTFT {ours['median_ttft_s']:.2f} s")
-    base = result["throughput"][f"tp{sizes[0]}"]["output_tokens_per_s"]
-    result["speedup_vs_first"] = {k: v["output_tokens_per_s"] / base for k, v in result["throughput"].items()}
+    if result["throughput"]:
+        base = result["throughput"][f"tp{sizes[0]}"]["output_tokens_per_s"]
+        result["speedup_vs_first"] = {k: v["output_tokens_per_s"] / base for k, v in result["throughput"].items()}
     suffix = f"_{args.quantization}" if args.quantization else ""
     write_result(result, args.output_json, f"tensor_parallel_{args.model.replace('/', '_')}{suffix}.json")
 
