@@ -48,6 +48,7 @@ def run(model: str, prompts, max_tokens: int | list[int], **kwargs):
     stats = llm.llm_engine.get_stats()
     run.stats = {"prefix_cache_hits_tokens": stats.prefix_cache_hits_total, "preemptions": stats.num_preemptions_total,
                  "swapped_out": stats.num_swapped_out_total}
+    llm.close()
     del llm
     torch.cuda.empty_cache()
     return tokens, logprobs, elapsed, free_ok

@@ -38,6 +38,20 @@ class TensorParallelGroup:
     def is_first(self) -> bool:
         return self.rank == 0
 
+    def shutdown(self, abort: bool = False) -> None:
+        """Release this rank's communicators (idempotent; nothing to do for gloo or one rank).
+
+        NCCL's communicators are torn down together: every rank calls this once no collective is
+        pending (rank 0 after sending the ranks their stop message, the others on receiving it).
+        Left to ``ProcessGroupNCCL``'s destructor instead, the teardown waits for peers that may
+        already have exited, and the process hangs (seen on two H200s). ``abort=True`` (after a
+        rank failed) aborts the communicators without waiting for the peers.
+        """
+        pg, self.pg = self.pg, None
+        if pg is None or not hasattr(pg, "abort"):  # gloo: its sockets close with the process
+            return
+        (pg.abort if abort or not hasattr(pg, "shutdown") else pg.shutdown)()
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place (any shape and dtype); every rank gets the same result."""
         if self.world_size == 1:

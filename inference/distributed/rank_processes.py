@@ -51,14 +51,22 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _end_processes(processes: list, connections: list) -> None:
-    """Ask every rank to stop, then terminate and kill what is left (also run by the finalizer when
-    the engine is garbage-collected, so it must not refer to the ``RankProcesses`` object)."""
+def _send_stop(connections: list) -> None:
     for conn in connections:
         try:
             conn.send_bytes(b"")
         except (OSError, ValueError):
             pass
+
+
+def _end_processes(processes: list, connections: list, group=None) -> None:
+    """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs (aborted if a
+    rank had already exited), then terminate and kill what is left (also run by the finalizer when
+    the engine is garbage-collected, so it must not refer to the ``RankProcesses`` object)."""
+    peers_alive = all(proc.is_alive() for proc in processes)
+    _send_stop(connections)
+    if group is not None:
+        group.shutdown(abort=not peers_alive)
     deadline = time.monotonic() + STOP_WAIT_S
     for proc in processes:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -184,6 +192,12 @@ class RankProcesses:
         self.failed = TensorParallelError(f"tensor-parallel rank {rank} failed: {summary}", rank=rank)
         self.close()
         return self.failed
+
+    def set_group(self, group) -> None:
+        """Rank 0's ``TensorParallelGroup``: from now on, ending the ranks also shuts it down, at the same
+        time as theirs (aborted instead if a rank had exited)."""
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _end_processes, self.processes, self.connections, group)
 
     def close(self) -> None:
         """End every rank (a stop message, then terminate/kill after ``STOP_WAIT_S``); idempotent."""

@@ -38,6 +38,7 @@ class TensorParallelRunner(ModelRunner):
                 torch.set_num_threads(num_threads)
             self.ranks.wait_for("started")
             group = join_group(0, world_size, config.device, store=self.ranks.store)
+            self.ranks.set_group(group)
             super().__init__(config, num_kv_blocks, tp=group)
             self.ranks.wait_for("ready")
         except TensorParallelError:
