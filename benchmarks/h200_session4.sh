@@ -30,7 +30,7 @@ run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
   local rc=$?
   echo "== $name rc=$rc $(date +%T)"
   grep -v -e tokenizer -e "^INFO" -e Warn -e _warn "$OUT/$name.log" | tail -n 25
-  pkill -9 -f "python3 benchmarks/|hf_peer|multiprocessing.spawn" 2>/dev/null; sleep 2
+  pkill -9 -f "benchmarks/[a-z_]*\.py|hf_peer|multiprocessing.spawn" 2>/dev/null; sleep 2
 }
 
 for step in "$@"; do
