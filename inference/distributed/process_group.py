@@ -8,6 +8,8 @@ was closed). NCCL on CUDA devices, gloo on CPU.
 from __future__ import annotations
 
 import datetime
+import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +18,9 @@ import torch.distributed as dist
 # How long a collective may wait for a peer. Gloo notices a peer that exited at once (its
 # sockets close); a peer that hangs, or NCCL, surfaces after this.
 DEFAULT_TIMEOUT_S = 300.0
+TEARDOWN_WAIT_S = 10.0  # seconds closing waits for the NCCL communicators to be aborted
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,19 +43,28 @@ class TensorParallelGroup:
     def is_first(self) -> bool:
         return self.rank == 0
 
-    def shutdown(self, abort: bool = False) -> None:
+    def shutdown(self) -> None:
         """Release this rank's communicators (idempotent; nothing to do for gloo or one rank).
 
-        NCCL's communicators are torn down together: every rank calls this once no collective is
-        pending (rank 0 after sending the ranks their stop message, the others on receiving it).
-        Left to ``ProcessGroupNCCL``'s destructor instead, the teardown waits for peers that may
-        already have exited, and the process hangs (seen on two H200s). ``abort=True`` (after a
-        rank failed) aborts the communicators without waiting for the peers.
+        Every rank calls this when the engine closes (rank 0 after sending the ranks their stop
+        message, the others on receiving it). Left to ``ProcessGroupNCCL``'s destructor, or through
+        its graceful ``shutdown()``, the teardown of communicators that CUDA graphs captured never
+        returned on two H200s, in rank 0 nor in rank 1, so the communicators are aborted
+        (``ncclCommAbort``: no collective is pending by then), on a thread that is given up on after
+        ``TEARDOWN_WAIT_S`` seconds so that closing an engine never hangs.
         """
         pg, self.pg = self.pg, None
         if pg is None or not hasattr(pg, "abort"):  # gloo: its sockets close with the process
             return
-        (pg.abort if abort or not hasattr(pg, "shutdown") else pg.shutdown)()
+        done = threading.Event()
+
+        def abort() -> None:
+            pg.abort()
+            done.set()
+        threading.Thread(target=abort, name="tessera-tp-teardown", daemon=True).start()
+        if not done.wait(TEARDOWN_WAIT_S):
+            logger.warning("rank %d: aborting the NCCL communicators did not return within %.0f s; going on",
+                           self.rank, TEARDOWN_WAIT_S)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place (any shape and dtype); every rank gets the same result."""

@@ -60,13 +60,11 @@ def _send_stop(connections: list) -> None:
 
 
 def _end_processes(processes: list, connections: list, group=None) -> None:
-    """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs (aborted if a
-    rank had already exited), then terminate and kill what is left (also run by the finalizer when
+    """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs, then terminate and kill what is left (also run by the finalizer when
     the engine is garbage-collected, so it must not refer to the ``RankProcesses`` object)."""
-    peers_alive = all(proc.is_alive() for proc in processes)
     _send_stop(connections)
     if group is not None:
-        group.shutdown(abort=not peers_alive)
+        group.shutdown()
     deadline = time.monotonic() + STOP_WAIT_S
     for proc in processes:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -195,7 +193,7 @@ class RankProcesses:
 
     def set_group(self, group) -> None:
         """Rank 0's ``TensorParallelGroup``: from now on, ending the ranks also shuts it down, at the same
-        time as theirs (aborted instead if a rank had exited)."""
+        time as theirs."""
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _end_processes, self.processes, self.connections, group)
 
