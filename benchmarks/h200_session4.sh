@@ -38,7 +38,7 @@ for step in "$@"; do
   tp-small) run_step tp-small 150 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-0.5b \
       --check-prompts 4 --check-tokens 16 --num-prompts 64 --input-len 256 --output-len 64 \
       --output-json "$OUT/tensor_parallel_small.json" ;;
-  tp) run_step tp 340 python3 benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
+  tp) run_step tp 270 python3 benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
       --output-json "$OUT/tensor_parallel.json" ;;
   tp-fp8) run_step tp-fp8 180 python3 benchmarks/tensor_parallel.py --model $M7 --quantization fp8 --check-prompts 8 \
       --check-tokens 32 --check-dtype bfloat16 --skip-throughput --output-json "$OUT/tensor_parallel_fp8.json" ;;
