@@ -59,12 +59,13 @@ class EngineLoop(threading.Thread):
             outputs; must return at once.
         on_rejected: called with ``(request_id, status, message, param)`` when the engine
             refuses a request or fails; must return at once.
-        max_num_seqs: admission capacity; :meth:`acquire_slot` blocks beyond it.
+        capacity: requests the engine may hold at once, running or waiting (the scheduler's
+            ``max_num_seqs`` plus the worker's backlog); :meth:`acquire_slot` blocks beyond it.
         on_failure: called (on this thread) after the engine raised and every request got an error.
     """
 
     def __init__(self, engine_factory: Callable[[], Any], on_outputs: Callable[[list, float], None],
-                 on_rejected: Callable[[str, int, str, str | None], None], max_num_seqs: int,
+                 on_rejected: Callable[[str, int, str, str | None], None], capacity: int,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
         super().__init__(name="tessera-engine-loop", daemon=True)
         self._engine_factory = engine_factory
@@ -75,7 +76,10 @@ class EngineLoop(threading.Thread):
         self._on_rejected = on_rejected
         self._on_failure = on_failure
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._slots = threading.Semaphore(max_num_seqs)
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 request, got {capacity}")
+        self.capacity = capacity
+        self._slots = threading.Semaphore(capacity)
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
@@ -99,7 +103,8 @@ class EngineLoop(threading.Thread):
         return self.engine
 
     def acquire_slot(self, timeout: float) -> bool:
-        """Reserve room for one request (False after ``timeout`` seconds without room)."""
+        """Reserve a place for one request in the engine, running or waiting (False after
+        ``timeout`` seconds without one)."""
         return self._slots.acquire(timeout=timeout)
 
     def release_slot(self) -> None:
@@ -183,7 +188,9 @@ class EngineLoop(threading.Thread):
                 return
 
     def _add(self, request: EngineRequest) -> None:
-        if self._early_aborts.pop(request.request_id, None) is not None:
+        if self._early_aborts.pop(request.request_id, None) is not None or request.request_id in self._active:
+            # Aborted already, or a requeued copy of a request this engine still holds (its
+            # heartbeat expired for a moment and another worker requeued it): the engine runs one.
             self._slots.release()
             return
         try:
