@@ -60,7 +60,8 @@ def two_workers(tmp_path_factory):
     rest wait in Redis."""
     s = Stack(tmp_path_factory.mktemp("two-workers"), num_workers=2,
               engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1",
-                           "--max-waiting-requests", "1"])
+                           "--max-waiting-requests", "1"],
+              OMP_NUM_THREADS="1")  # two engines on a small CPU: OpenMP threads spinning against each other cost 10x
     deadline = time.monotonic() + 300
     while sum(bool(w.get("live")) for w in s.worker_infos()) < 2:  # both registered and serving
         assert time.monotonic() < deadline

@@ -22,6 +22,12 @@ the record too: an owner that died with its request still held is not a lost req
 (:meth:`webapp.serving.client.EngineStream._check_workers`). When the broker redelivers an
 original message later, the request's claim (kept ``CLAIM_DONE_TTL`` seconds after it
 finished) stops it running twice.
+
+Why the first published message, not the step in which the scheduler first takes the request:
+that message is the first thing its client could see, so settling there is exactly the point
+after which a second run would show. A request that a dying worker had scheduled but not yet
+answered (a chunked prefill, a step in flight) is requeued instead of lost, and the signal
+needs nothing from the engine (no I/O in its step loop, no new scheduler output).
 """
 from __future__ import annotations
 

@@ -1,16 +1,25 @@
 """One engine at a time per Celery worker: load, unload and reload it, run its loops, admit
 requests from Celery tasks.
 
-Admission (why a dead worker loses no queued request): the worker consumes its model's
-queue one message at a time (prefetch 1, late ack). The task for a message waits here for
-a free engine slot, claims the request in Redis (``SET NX``), hands it to the engine loop
-and only then returns, which acknowledges the message. A worker therefore takes a request
-out of Redis only when its engine has room for it; everything else stays in the queue for
-any worker of the model. If the worker dies holding its one unacknowledged message, the
-other workers put the request back on the queue within about 5 s (:mod:`.held`); the broker
-also redelivers the message after its visibility timeout, and the claim guarantees the
-request runs at most once. Requests already in the engine are lost with the worker; their clients
-see its heartbeat expire and get an error (see :mod:`webapp.serving.client`).
+Admission (why a dead worker loses no queued request, and why the engine holds a backlog):
+the worker consumes its model's queue one message at a time (prefetch 1, late ack). The task
+for a message records the request as held by this worker (:mod:`.held`), waits for a place in
+the engine, claims the request in Redis (:func:`.registry.claim`), hands it to the engine loop
+and only then returns, which acknowledges the message. The engine has ``max_num_seqs`` +
+``max_waiting_requests`` places: the requests it runs, and a backlog waiting in its scheduler.
+The backlog is what lets the scheduler enforce the tenants' GPU shares: with places only for
+the requests it runs, it would almost never hold waiting requests of several tenants to
+choose between, and tenants would be served in the queue's arrival order. Everything beyond
+the backlog stays in the queue for any worker of the model.
+
+A request stays held until its first output or error is published (the I/O thread settles
+the record, :mod:`.io_loop`). If the worker dies before that (waiting for a place, or in the
+backlog) the other workers put the request back on the queue within about 5 s and move its
+claim to ``requeued``, so the copy runs elsewhere; a worker that only stalled then publishes
+nothing of it. Requests already started are lost with the worker; their clients see its
+heartbeat expire and get an error (see :mod:`webapp.serving.client`). The broker redelivers
+an unacknowledged message after its visibility timeout; the claim guarantees the request
+runs at most once.
 
 Models (why the process outlives its engine): a worker may start with a model or with none
 (``idle``), and takes load / unload / reload commands from its command list
@@ -18,7 +27,7 @@ Models (why the process outlives its engine): a worker may start with a model or
 thread (``loading``), then starts consuming the model's queue (``ready``); if building
 fails, the error is kept for the heartbeat (``failed``) and the worker stays as it was
 without a model, ready for the next command. An unload first stops consuming the queue,
-then ends the engine's running requests with an error saying so, adds the model's last
+then ends the engine's requests (running and backlogged) with an error saying so, adds the model's last
 counter increments to its totals, and drops the engine (its weights and KV cache) before
 the worker reports ``idle``.
 """
