@@ -21,7 +21,8 @@ from tests.webapp.serving_stack import MODEL, Stack, http
 from webapp import launcher
 
 MAX_NUM_SEQS = 4
-CONCURRENCY = 12  # streams each tenant keeps open: 3 x max_num_seqs, within the default backlog (64)
+BACKLOG = 8  # --max-waiting-requests: of the 2 x CONCURRENCY requests outstanding, 12 wait in Redis
+CONCURRENCY = 12  # streams each tenant keeps open: 3 x max_num_seqs
 MAX_TOKENS = 16
 WARMUP_TOKENS = 150  # served (both tenants together) before the window opens
 WINDOW_TOKENS = 600  # served in the window
@@ -32,7 +33,7 @@ SHARES = {"share-low": 30, "share-high": 70}
 def share_stack(tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("gpu-share"),
               engine_argv=[MODEL, "--max-model-len", "256", "--kv-cache-space", "0.25",
-                           "--max-num-seqs", str(MAX_NUM_SEQS)],
+                           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(BACKLOG)],
               OMP_NUM_THREADS="1")  # on a shared CPU, OpenMP threads spinning against other processes cost 10x
     # The tenants, as an operator creates them (saving publishes the shares to the workers).
     code = ("from tenants.models import Tenant\n"

@@ -7,6 +7,7 @@ the next step: a client that leaves costs at most the step already running.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -110,6 +111,30 @@ class EngineLoop(threading.Thread):
     def release_slot(self) -> None:
         self._slots.release()
 
+    def displace_for(self, tenant_id: str | None) -> str | None:
+        """The engine is full: make room for a request of ``tenant_id`` by taking out a waiting
+        request that the scheduler has not started, of the tenant with the most such requests,
+        if that tenant has at least two more than ``tenant_id``. Blocks until the loop has
+        decided (at most one step).
+
+        Why: the worker fills its backlog from the queue in arrival order, and the requests
+        of the tenant the scheduler serves least pile up in it (they wait longest), until the
+        others find no place and the scheduler has nothing of theirs to choose: it then serves
+        the queue's arrival order again. Evening out the tenants' counts keeps every flooding
+        tenant present in the backlog; the scheduler, not the mix, applies the shares (a mix in
+        the ratio of the shares would leave the smaller tenant too few requests waiting).
+
+        Returns:
+            the id of the request taken out (aborted here; its place is now the caller's: do
+            not acquire one, and give the request back to the queue), or None (nothing to
+            displace, or the loop stopped).
+        """
+        decided: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("displace", (tenant_id, decided)))
+        while not decided.done() and self.is_alive() and not self._stopping.is_set():
+            concurrent.futures.wait([decided], IDLE_POLL)
+        return decided.result() if decided.done() else None
+
     def submit(self, request: EngineRequest) -> None:
         """Queue a request whose slot the caller holds; the loop adds it before its next step."""
         self._inbox.put(("add", request))
@@ -179,6 +204,9 @@ class EngineLoop(threading.Thread):
                 self._add(value)
             elif kind == "abort":
                 self._abort(value)
+            elif kind == "displace":
+                tenant_id, decided = value
+                decided.set_result(self._displace(tenant_id))
             elif kind == "shares":
                 self.engine.set_tenant_shares(value.shares, value.priorities)
                 self.tenant_shares = value
@@ -202,6 +230,22 @@ class EngineLoop(threading.Thread):
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
             return
         self._active.add(request.request_id)
+
+    def _displace(self, tenant_id: str | None) -> str | None:
+        by_tenant: dict[str | None, list[str]] = {}
+        for rid, tenant in self.engine.unstarted_requests():
+            if rid in self._active:
+                by_tenant.setdefault(tenant, []).append(rid)
+        others = [t for t in by_tenant if t != tenant_id]
+        if not others:
+            return None
+        victim = max(others, key=lambda t: len(by_tenant[t]))
+        if len(by_tenant[victim]) <= len(by_tenant.get(tenant_id, ())) + 1:
+            return None
+        rid = by_tenant[victim][-1]  # the latest: the one the scheduler would start last
+        self.engine.abort_request([rid], report=False)
+        self._active.discard(rid)  # its place goes to the caller
+        return rid
 
     def _abort(self, request_ids: list[str]) -> None:
         now = time.monotonic()

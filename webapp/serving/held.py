@@ -109,16 +109,18 @@ def take_orphans(redis, model: str) -> list[dict[str, Any]]:
         return []
     owners = sorted({r["worker"] for r in records.values()})
     alive = dict(zip(owners, (raw is not None for raw in redis.mget([registry.worker_key(w) for w in owners]))))
-    take = redis.register_script(TAKE_SCRIPT)
-    taken = []
-    for rid, record in records.items():
-        if alive[record["worker"]]:
-            continue
-        raw = take(keys=[held_key(model), registry.claim_key(rid)],
-                   args=[rid, record["worker"], registry.REQUEUED, registry.CLAIM_TTL])
-        if raw:  # the dead worker's claim, if it had one, is now REQUEUED: the requeued copy can claim it
-            taken.append(json.loads(raw)["payload"])
-    return taken
+    taken = [take(redis, model, record["worker"], rid) for rid, record in records.items() if not alive[record["worker"]]]
+    return [payload for payload in taken if payload is not None]
+
+
+def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] | None:
+    """Take the record of ``request_id`` held by ``worker_id`` (dead, or giving it back): remove
+    it and turn that worker's claim, if it had one, into ``REQUEUED``, so that a requeued copy can
+    claim it. Returns the payload to requeue, None when the record was not there (taken already,
+    or settled)."""
+    raw = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
+                                             args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL])
+    return json.loads(raw)["payload"] if raw else None
 
 
 class OrphanReclaimer(threading.Thread):

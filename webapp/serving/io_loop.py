@@ -87,6 +87,13 @@ class WorkerIO(threading.Thread):
         record before anything of it is published (call before submitting it)."""
         self._unstarted[request_id] = model
 
+    def forget(self, request_id: str) -> None:
+        """``request_id`` left this worker before it started (given back to the queue): publish
+        nothing of it, and do not settle its record (the taker of the record did)."""
+        self._unstarted.pop(request_id, None)
+        self._routes.pop(request_id, None)
+        self._seq.pop(request_id, None)
+
     def publish(self, outputs: list, step_time: float) -> None:
         """Queue one step's outputs for publishing; returns at once (engine loop side)."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, ("outputs", outputs, step_time))

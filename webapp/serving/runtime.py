@@ -10,7 +10,11 @@ and only then returns, which acknowledges the message. The engine has ``max_num_
 The backlog is what lets the scheduler enforce the tenants' GPU shares: with places only for
 the requests it runs, it would almost never hold waiting requests of several tenants to
 choose between, and tenants would be served in the queue's arrival order. Everything beyond
-the backlog stays in the queue for any worker of the model.
+the backlog stays in the queue for any worker of the model. A full engine keeps every tenant
+present in its backlog: a request of a tenant with few requests waiting takes the place of a
+not-yet-started one of the tenant with the most, which goes back to the queue
+(:meth:`.EngineLoop.displace_for`); otherwise the requests of the tenant served least would
+fill the backlog and leave the scheduler nothing else to choose.
 
 A request stays held until its first output or error is published (the I/O thread settles
 the record, :mod:`.io_loop`). If the worker dies before that (waiting for a place, or in the
@@ -65,6 +69,7 @@ SLOT_POLL = 0.5  # seconds between checks for shutdown while waiting for a slot
 GIL_SWITCH_INTERVAL = 0.0005  # seconds
 COMMAND_POLL = 1.0  # seconds a BLPOP for commands blocks before checking for shutdown
 UNLOADED = "The model was unloaded from this worker; retry the request."
+DISPLACED = "The request could not be kept waiting on this worker; retry the request."
 IDLE, LOADING, READY, UNLOADING, FAILED = "idle", "loading", "ready", "unloading", "failed"
 MIN_DEFAULT_BACKLOG = 64  # requests
 
@@ -288,7 +293,7 @@ class WorkerRuntime:
         rid = payload["rid"]
         held.hold(self._redis, model, self.worker_id, payload)
         try:
-            self._wait_for_place(loop)
+            self._wait_for_place(loop, model, payload.get("tenant"))
             with self._lock:
                 if self._closing.is_set() or loop is not self.loop or self.state != READY:
                     loop.release_slot()
@@ -313,11 +318,31 @@ class WorkerRuntime:
             held.release(self._redis, model, self.worker_id, rid)
             raise
 
-    def _wait_for_place(self, loop: EngineLoop) -> None:
-        """Wait for a place in the engine (running or backlog) while the request is held."""
-        while not loop.acquire_slot(SLOT_POLL):
+    def _wait_for_place(self, loop: EngineLoop, model: str, tenant: str | None) -> None:
+        """Wait for a place in the engine (running or backlog) while the request is held. A
+        full engine first tries to make room by giving back to the queue a backlogged request
+        of a tenant over-represented in the backlog (:meth:`EngineLoop.displace_for`)."""
+        if loop.acquire_slot(0):
+            return
+        while True:
+            displaced = loop.displace_for(tenant)
+            if displaced is not None:  # its place is ours now
+                self._give_back(model, displaced)
+                return
+            if loop.acquire_slot(SLOT_POLL):
+                return
             if self._closing.is_set() or not loop.is_alive():
                 raise WorkerShuttingDown()
+
+    def _give_back(self, model: str, request_id: str) -> None:
+        """Put a backlogged request that the engine dropped unstarted back on the queue (its
+        claim becomes ``requeued``; its client keeps waiting)."""
+        payload = held.take(self._redis, model, self.worker_id, request_id)
+        if payload is not None:
+            self.io.forget(request_id)
+            self._requeue(payload)
+        else:  # no record of this worker's (a duplicate copy's record stood, or another worker took it)
+            self.io.reject(request_id, 503, DISPLACED, None)  # dropped at publishing if taken over
 
     def _requeue(self, payload: dict[str, Any]) -> None:
         from .client import _enqueue  # noqa: PLC0415 (client imports the tasks, which import this module)
