@@ -3,8 +3,8 @@ its completion tokens in a 30/70 split, counted from their streamed responses.
 
 The worker admits requests beyond ``--max-num-seqs`` into its engine (``--max-waiting-requests``),
 so that the engine's scheduler has waiting requests of both tenants to choose between; the
-rest wait in Redis. Real stack (Redis, one Celery worker with the packaged SmolLM2, Daphne),
-no mocks.
+rest wait in Redis. Also: a worker that stops ends its backlogged requests like its running
+ones. Real stack (Redis, one Celery worker with the packaged SmolLM2, Daphne), no mocks.
 """
 from __future__ import annotations
 
@@ -124,3 +124,41 @@ def test_two_flooding_tenants_are_served_in_their_shares(share_stack):
         return [status for status, _, _ in replies]
 
     assert asyncio.run(fill()) == [200] * (2 * CONCURRENCY)
+
+
+def test_worker_shutdown_ends_backlogged_requests_like_running_ones(share_stack):
+    """Last in this module: it stops the worker. The streams of the running and of the
+    backlogged requests all end with the same error event."""
+    s = share_stack
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    held_key = f"tessera:held:{MODEL}"
+
+    async def response(head: asyncio.Future) -> tuple[int, str]:
+        reader, writer, status = await head
+        rest = (await reader.read()).decode()
+        writer.close()
+        return status, rest
+
+    async def run() -> list[tuple[int, str]]:
+        heads = [asyncio.ensure_future(open_stream(s.base_url, "/v1/completions", body,
+                                                   headers={"X-Tenant-ID": "share-low"}))
+                 for _ in range(MAX_NUM_SEQS + 2)]
+        deadline = time.monotonic() + 60
+        # Running requests that sent their first token, and two backlogged ones, still held.
+        while (s.worker_infos()[0]["stats"]["num_running"], s.worker_infos()[0]["stats"]["num_waiting"],
+               s.redis.hlen(held_key)) != (MAX_NUM_SEQS, 2, 2):
+            assert time.monotonic() < deadline, (s.worker_infos()[0]["stats"], s.redis.hlen(held_key))
+            await asyncio.sleep(0.05)
+        stopping = asyncio.ensure_future(asyncio.to_thread(s.workers[0].stop, 60))  # SIGTERM: warm shutdown
+        responses = await asyncio.wait_for(asyncio.gather(*[response(h) for h in heads]), 60)
+        assert await stopping == 0
+        return responses
+
+    responses = asyncio.run(run())
+    for status, rest in responses:
+        assert status == 200, rest
+        events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "service_unavailable" and "shutting down" in error["message"], error
+    assert s.redis.hlen(held_key) == 0  # ended, not left to be requeued
