@@ -50,6 +50,34 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of requests, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 requests, got {value}")
+    return value
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags of an engine worker that are not engine flags (``serve`` passes them on)."""
+    parser.add_argument(
+        "--max-waiting-requests", type=non_negative_int, default=None, metavar="N",
+        help="Requests a worker takes from its model's queue beyond --max-num-seqs, to wait in its "
+             "engine's scheduler, which picks among them by the tenants' GPU shares (default: "
+             "max(max_num_seqs, 64): enough for several tenants to each have requests waiting, and to "
+             "refill a whole batch; more only keeps requests from other workers). The rest stay in "
+             "Redis for any worker; a waiting request of a worker that dies is requeued.")
+
+
+def worker_argv(options: dict[str, Any]) -> list[str]:
+    """Command-line flags that pass the worker flags of ``options`` on to ``manage.py worker``."""
+    value = options.get("max_waiting_requests")
+    return [] if value is None else ["--max-waiting-requests", str(value)]
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``MODEL`` and the engine flags to ``parser``."""
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,

@@ -182,6 +182,17 @@ class LLMEngine:
         except ValueError as error:
             raise InvalidRequestError(str(error), param="shares") from None
 
+    def unstarted_requests(self) -> list[tuple[str, str | None]]:
+        """``(request_id, tenant_id)`` of the requests the scheduler has not started yet (waiting,
+        no token computed or sampled for any of their samples), in arrival order. A caller may
+        abort one of them (``report=False``) and hand it to another engine: nothing of it was
+        computed here."""
+        unstarted = [p for p in self._parents.values()
+                     if all(c.status == RequestStatus.WAITING and c.num_computed_tokens == 0
+                            and c.num_output_tokens == 0 for c in p.children)]
+        unstarted.sort(key=lambda p: p.children[0].arrival_time)
+        return [(p.request_id, p.children[0].tenant_id) for p in unstarted]
+
     def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
         """Abort requests at once: their blocks return to the pool, and (with ``report``) the next
         ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids are ignored."""

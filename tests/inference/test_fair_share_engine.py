@@ -68,3 +68,21 @@ def test_shares_do_not_change_the_generated_tokens(engine):
     shared = _drain(engine)
     assert [plain[f"plain-{i}"] for i in range(4)] == [shared[f"shared-{i}"] for i in range(4)]
     assert all(plain.values())
+
+
+def test_unstarted_requests_are_the_waiting_ones_nothing_was_computed_for(engine):
+    """What a worker may take out of its backlog and give to another engine: requests the
+    scheduler has not started, in arrival order, with their tenants."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0)
+    ids = [f"unstarted-{i}" for i in range(10)]
+    for i, rid in enumerate(ids):  # 10 x 16 prompt tokens: more than one step's 64-token budget
+        engine.add_request(rid, list(range(200 + i, 216 + i)), params, tenant_id="solo")
+    assert engine.unstarted_requests() == [(rid, "solo") for rid in ids]
+    engine.step()
+    unstarted = [rid for rid, _ in engine.unstarted_requests()]
+    assert 0 < len(unstarted) < len(ids) and unstarted == ids[len(ids) - len(unstarted):]
+    engine.abort_request(unstarted[-1], report=False)  # taken out unstarted: no output, no blocks held
+    assert [rid for rid, _ in engine.unstarted_requests()] == unstarted[:-1]
+    tokens = _drain(engine)
+    assert unstarted[-1] not in tokens and all(len(tokens[rid]) == 4 for rid in ids[:-1])
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks

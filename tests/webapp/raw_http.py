@@ -6,14 +6,16 @@ import asyncio
 import json
 
 
-async def open_stream(base_url: str, path: str, body: dict, read_head: bool = True
+async def open_stream(base_url: str, path: str, body: dict, read_head: bool = True,
+                      headers: dict[str, str] | None = None
                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int | None]:
-    """Send a POST and (unless not ``read_head``) read the status line and headers;
-    returns (reader, writer, status)."""
+    """Send a POST (with ``headers`` added) and (unless not ``read_head``) read the status line
+    and headers; returns (reader, writer, status)."""
     host, port = base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     payload = json.dumps(body).encode()
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
                  f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
     await writer.drain()
     if not read_head:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.webapp.raw_http import open_stream, read_events
-from tests.webapp.serving_stack import MODEL, Stack, http
+from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text
 
 LONG = {"model": MODEL, "prompt": "Tell me everything about the sea.", "max_tokens": 1500, "ignore_eos": True}
 
@@ -56,9 +56,12 @@ def test_killed_worker_gives_errors_not_hangs_then_recovers(own_stack):
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """Two workers that take one request at a time each, so some requests wait in Redis."""
+    """Two workers that each run one request and keep one more waiting in their engine, so the
+    rest wait in Redis."""
     s = Stack(tmp_path_factory.mktemp("two-workers"), num_workers=2,
-              engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1"])
+              engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1",
+                           "--max-waiting-requests", "1"],
+              OMP_NUM_THREADS="1")  # two engines on a small CPU: OpenMP threads spinning against each other cost 10x
     deadline = time.monotonic() + 300
     while sum(bool(w.get("live")) for w in s.worker_infos()) < 2:  # both registered and serving
         assert time.monotonic() < deadline
@@ -69,27 +72,33 @@ def two_workers(tmp_path_factory):
 
 def test_requests_not_started_go_to_the_surviving_worker(two_workers):
     s = two_workers
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
     held_key = f"tessera:held:{MODEL}"
 
     async def run() -> tuple[list[tuple[int, bytes]], float]:
         requests = [asyncio.ensure_future(asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
-                                                             None, 300)) for _ in range(4)]
-        deadline = time.monotonic() + 30
-        # The load is spread: one request running on each worker, and each worker holds one more
-        # that it cannot start yet (never more: the rest would stay in Redis for either worker).
-        while not (sum(w["stats"]["num_running"] for w in s.worker_infos()) == 2 and s.redis.hlen(held_key) == 2):
+                                                             None, 300)) for _ in range(6)]
+        deadline = time.monotonic() + 60
+        # Each worker takes three: one running, one waiting in its engine's backlog, and one its
+        # task holds until the engine has a place (never more: the rest would stay in Redis for
+        # either worker). The two not started are recorded as held by the worker.
+        while not ([(w["stats"]["num_running"], w["stats"]["num_waiting"]) for w in s.worker_infos()] == [(1, 1)] * 2
+                   and s.redis.hlen(held_key) == 4):
             assert time.monotonic() < deadline, (s.worker_infos(), s.redis.hgetall(held_key))
             await asyncio.sleep(0.05)
-        holders = {json.loads(r)["worker"] for r in s.redis.hvals(held_key)}
-        assert holders == {w["id"] for w in s.worker_infos()}
+        holders = sorted(json.loads(r)["worker"] for r in s.redis.hvals(held_key))
+        assert holders == sorted(2 * [w["id"] for w in s.worker_infos()])
+        # /metrics counts the backlogs as waiting.
+        assert metric_value(metrics_text(s.base_url), "vllm:num_requests_waiting{") == 2
         victim = next(w["id"] for w in s.worker_infos() if w["pid"] == s.workers[0].pid)
         s.workers[0].kill()
         killed = time.monotonic()
-        # The survivor puts the dead worker's held request back on the queue within seconds,
-        # well before the broker's visibility timeout would.
+        # The survivor puts the dead worker's requests not started back on the queue within
+        # seconds (the broker would never redeliver the backlogged one: its message was
+        # acknowledged when the dead worker's engine took it), and their clients keep waiting
+        # for them instead of failing.
         while any(json.loads(r)["worker"] == victim for r in s.redis.hvals(held_key)):
-            assert time.monotonic() < killed + 10, "the dead worker's held request was not taken over"
+            assert time.monotonic() < killed + 10, "the dead worker's held requests were not taken over"
             await asyncio.sleep(0.1)
         taken_over_after = time.monotonic() - killed
         return [(status, raw) for status, _, raw in await asyncio.gather(*requests)], taken_over_after
@@ -97,10 +106,10 @@ def test_requests_not_started_go_to_the_surviving_worker(two_workers):
     results, taken_over_after = asyncio.run(run())
     assert taken_over_after < 10
     statuses = sorted(status for status, _ in results)
-    # The killed worker's running request fails; the other three (one running on the survivor,
-    # one held by the survivor, one held by the dead worker) complete on the survivor.
-    assert statuses == [200, 200, 200, 503], results
+    # The killed worker's running request fails; the other five (the survivor's three, the dead
+    # worker's backlogged one and the one its task held) complete on the survivor.
+    assert statuses == [200] * 5 + [503], results
     for status, raw in results:
         if status == 200:
-            assert json.loads(raw)["usage"]["completion_tokens"] == 40
+            assert json.loads(raw)["usage"]["completion_tokens"] == 24
     assert s.redis.hlen(held_key) == 0

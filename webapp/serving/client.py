@@ -6,11 +6,14 @@ silent, the stream checks every ``SILENCE_CHECK`` seconds that the worker that c
 each request still has a fresh heartbeat (and, before any claim, that some worker of the
 model is live); if not, it raises :class:`WorkerLost` — so a client whose worker died gets
 an error within ``SILENCE_CHECK + HEARTBEAT_TTL`` seconds (about 5 s) instead of hanging.
+A request the dead worker had not started yet (still held, :mod:`.held`) is no loss: the
+other workers requeue it, and the stream waits for it.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ from django.conf import settings
 from webapp.celery import app as celery_app, queue_for
 from webapp.tasks import GENERATE_TASK
 
-from . import registry
+from . import held, registry
 from .messages import Message, is_final
 from .replies import reply_router
 
@@ -160,16 +163,33 @@ class GenerationStream:
         owners = dict(zip(rids, (o.decode() if o else None for o in
                                  await redis.mget([registry.claim_key(r) for r in rids]))))
         known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
-        for owner in set(owners.values()) - {None, registry.ABORTED} - known:
+        for owner in set(owners.values()) - {None, registry.ABORTED, registry.REQUEUED} - known:
             if await registry.worker_info(redis, owner) is None:  # not just newer than the shared read
-                raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
-        self._owners.update({rid: owner for rid, owner in owners.items() if owner})
+                owned = [rid for rid, o in owners.items() if o == owner]
+                if not await self._requeued_or_held(redis, owner, owned):
+                    raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
+                if not await model_workers(self.model):  # nobody left to requeue it
+                    raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
+        self._owners.update({rid: owner for rid, owner in owners.items() if owner and owner != registry.REQUEUED})
         vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
         self._unclaimed_strikes = self._unclaimed_strikes + 1 if vanished else 0
         if self._unclaimed_strikes >= 3:
             raise WorkerLost("The worker finished this request but its last messages were lost; retry it.")
-        if any(o is None for o in owners.values()) and not await model_workers(self.model):
+        if any(o in (None, registry.REQUEUED) for o in owners.values()) and not await model_workers(self.model):
             raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
+
+    async def _requeued_or_held(self, redis: aioredis.Redis, owner: str, rids: list[str]) -> bool:
+        """Whether every one of ``rids``, claimed by the dead worker ``owner``, had not started
+        there: still held by it (the other workers requeue it within seconds), or requeued
+        already (its claim moved on; read after the records, since taking a record and moving
+        its claim are one step)."""
+        records = await redis.hmget(held.held_key(self.model), rids)
+        claims = await redis.mget([registry.claim_key(r) for r in rids])
+        for record, claim in zip(records, claims):
+            held_by_owner = record is not None and json.loads(record).get("worker") == owner
+            if not held_by_owner and (claim is not None and claim.decode() == owner):
+                return False
+        return True
 
     async def abort(self) -> None:
         """Abort the unfinished engine requests: those not claimed yet are marked so no
@@ -180,8 +200,8 @@ class GenerationStream:
         self._unfinished.clear()
         redis = get_redis()
         pipe = redis.pipeline(transaction=False)
-        for rid in rids:
-            pipe.set(registry.claim_key(rid), registry.ABORTED, nx=True, ex=registry.CLAIM_TTL)
+        for rid in rids:  # not claimed, or requeued: no worker starts it now
+            await registry.claim(pipe, rid, registry.ABORTED, client=pipe)
         claimed = [rid for rid, marked in zip(rids, await pipe.execute()) if not marked]
         by_worker: dict[str, list[str]] = {}
         if claimed:

@@ -7,6 +7,7 @@ the next step: a client that leaves costs at most the step already running.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -59,12 +60,13 @@ class EngineLoop(threading.Thread):
             outputs; must return at once.
         on_rejected: called with ``(request_id, status, message, param)`` when the engine
             refuses a request or fails; must return at once.
-        max_num_seqs: admission capacity; :meth:`acquire_slot` blocks beyond it.
+        capacity: requests the engine may hold at once, running or waiting (the scheduler's
+            ``max_num_seqs`` plus the worker's backlog); :meth:`acquire_slot` blocks beyond it.
         on_failure: called (on this thread) after the engine raised and every request got an error.
     """
 
     def __init__(self, engine_factory: Callable[[], Any], on_outputs: Callable[[list, float], None],
-                 on_rejected: Callable[[str, int, str, str | None], None], max_num_seqs: int,
+                 on_rejected: Callable[[str, int, str, str | None], None], capacity: int,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
         super().__init__(name="tessera-engine-loop", daemon=True)
         self._engine_factory = engine_factory
@@ -75,7 +77,10 @@ class EngineLoop(threading.Thread):
         self._on_rejected = on_rejected
         self._on_failure = on_failure
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._slots = threading.Semaphore(max_num_seqs)
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 request, got {capacity}")
+        self.capacity = capacity
+        self._slots = threading.Semaphore(capacity)
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
@@ -99,11 +104,36 @@ class EngineLoop(threading.Thread):
         return self.engine
 
     def acquire_slot(self, timeout: float) -> bool:
-        """Reserve room for one request (False after ``timeout`` seconds without room)."""
+        """Reserve a place for one request in the engine, running or waiting (False after
+        ``timeout`` seconds without one)."""
         return self._slots.acquire(timeout=timeout)
 
     def release_slot(self) -> None:
         self._slots.release()
+
+    def displace_for(self, tenant_id: str | None) -> str | None:
+        """The engine is full: make room for a request of ``tenant_id`` by taking out a waiting
+        request that the scheduler has not started, of the tenant with the most such requests,
+        if that tenant has at least two more than ``tenant_id``. Blocks until the loop has
+        decided (at most one step).
+
+        Why: the worker fills its backlog from the queue in arrival order, and the requests
+        of the tenant the scheduler serves least pile up in it (they wait longest), until the
+        others find no place and the scheduler has nothing of theirs to choose: it then serves
+        the queue's arrival order again. Evening out the tenants' counts keeps every flooding
+        tenant present in the backlog; the scheduler, not the mix, applies the shares (a mix in
+        the ratio of the shares would leave the smaller tenant too few requests waiting).
+
+        Returns:
+            the id of the request taken out (aborted here; its place is now the caller's: do
+            not acquire one, and give the request back to the queue), or None (nothing to
+            displace, or the loop stopped).
+        """
+        decided: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("displace", (tenant_id, decided)))
+        while not decided.done() and self.is_alive() and not self._stopping.is_set():
+            concurrent.futures.wait([decided], IDLE_POLL)
+        return decided.result() if decided.done() else None
 
     def submit(self, request: EngineRequest) -> None:
         """Queue a request whose slot the caller holds; the loop adds it before its next step."""
@@ -174,6 +204,9 @@ class EngineLoop(threading.Thread):
                 self._add(value)
             elif kind == "abort":
                 self._abort(value)
+            elif kind == "displace":
+                tenant_id, decided = value
+                decided.set_result(self._displace(tenant_id))
             elif kind == "shares":
                 self.engine.set_tenant_shares(value.shares, value.priorities)
                 self.tenant_shares = value
@@ -183,7 +216,9 @@ class EngineLoop(threading.Thread):
                 return
 
     def _add(self, request: EngineRequest) -> None:
-        if self._early_aborts.pop(request.request_id, None) is not None:
+        if self._early_aborts.pop(request.request_id, None) is not None or request.request_id in self._active:
+            # Aborted already, or a requeued copy of a request this engine still holds (its
+            # heartbeat expired for a moment and another worker requeued it): the engine runs one.
             self._slots.release()
             return
         try:
@@ -195,6 +230,22 @@ class EngineLoop(threading.Thread):
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
             return
         self._active.add(request.request_id)
+
+    def _displace(self, tenant_id: str | None) -> str | None:
+        by_tenant: dict[str | None, list[str]] = {}
+        for rid, tenant in self.engine.unstarted_requests():
+            if rid in self._active:
+                by_tenant.setdefault(tenant, []).append(rid)
+        others = [t for t in by_tenant if t != tenant_id]
+        if not others:
+            return None
+        victim = max(others, key=lambda t: len(by_tenant[t]))
+        if len(by_tenant[victim]) <= len(by_tenant.get(tenant_id, ())) + 1:
+            return None
+        rid = by_tenant[victim][-1]  # the latest: the one the scheduler would start last
+        self.engine.abort_request([rid], report=False)
+        self._active.discard(rid)  # its place goes to the caller
+        return rid
 
     def _abort(self, request_ids: list[str]) -> None:
         now = time.monotonic()

@@ -1,16 +1,33 @@
-"""Requests a worker took from its model's queue but could not start yet, and how the other
+"""Requests a worker took from its model's queue but has not started yet, and how the other
 workers take them over when that worker dies.
 
-A worker reserves one message at a time and, when its engine is full, waits in the task for a
-free slot. If the worker is killed then, the broker puts the message back only after its
-visibility timeout. So while a task waits it records the request in Redis
-(``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload"}``) and removes
-the record once it has claimed the request or given it back. Every worker of the model checks
-that hash once a second; the records of a worker whose heartbeat has expired are taken (one
-``HDEL`` each: exactly one survivor wins) and put back on the model's queue, within about
-``HEARTBEAT_TTL + RECLAIM_INTERVAL`` seconds (5 s) of the death. When the broker redelivers the
-original message later, the request's claim (kept ``CLAIM_DONE_TTL`` seconds after it finished)
-stops it running twice.
+A worker takes a request out of Redis before its engine starts it: while its task waits for a
+place in the engine, and while the request waits in the engine's backlog (its scheduler's
+waiting queue, where the tenants' shares pick the next request). If the worker is killed then,
+nothing else would bring the request back. So the worker records it in Redis
+(``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload"}``) before waiting,
+and removes the record (:func:`settle`) when the request's first output or error is published,
+when its client aborts it, or when the worker gives it back. Every worker of the model checks
+that hash once a second; the records of a worker whose heartbeat has expired are taken and put
+back on the model's queue, within about ``HEARTBEAT_TTL + RECLAIM_INTERVAL`` seconds (5 s) of
+the death.
+
+Exactly once, even with a worker that only stalled (its heartbeat expired, yet it runs on):
+taking a record (:func:`take_orphans`) and settling it are Lua scripts, atomic in Redis. Taking
+removes the record and turns the dead worker's claim into ``REQUEUED`` (so the requeued copy
+can claim it); settling removes the record only while the claim still names this worker, and
+a worker publishes nothing of a request it could not settle (it aborts it). So whichever comes
+first wins: the requeued copy, or the first output of the original. The client's stream reads
+the record too: an owner that died with its request still held is not a lost request
+(:meth:`webapp.serving.client.EngineStream._check_workers`). When the broker redelivers an
+original message later, the request's claim (kept ``CLAIM_DONE_TTL`` seconds after it
+finished) stops it running twice.
+
+Why the first published message, not the step in which the scheduler first takes the request:
+that message is the first thing its client could see, so settling there is exactly the point
+after which a second run would show. A request that a dying worker had scheduled but not yet
+answered (a chunked prefill, a step in flight) is requeued instead of lost, and the signal
+needs nothing from the engine (no I/O in its step loop, no new scheduler output).
 """
 from __future__ import annotations
 
@@ -31,28 +48,79 @@ def held_key(model: str) -> str:
 
 
 def hold(redis, model: str, worker_id: str, payload: dict[str, Any]) -> None:
-    """Record that ``worker_id`` holds ``payload`` (a ``tessera.generate`` task's) without having started it."""
-    redis.hset(held_key(model), payload["rid"], json.dumps({"worker": worker_id, "payload": payload}))
+    """Record that ``worker_id`` holds ``payload`` (a ``tessera.generate`` task's) without having
+    started it. A record of another worker for the same request (a duplicate copy) is kept."""
+    redis.hsetnx(held_key(model), payload["rid"], json.dumps({"worker": worker_id, "payload": payload}))
 
 
-def release(redis, model: str, request_id: str) -> None:
-    """The holder claimed the request or gave it back: forget the record."""
-    redis.hdel(held_key(model), request_id)
+# KEYS: the held hash; ARGV: the request id, the worker's id.
+RELEASE_SCRIPT = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw and cjson.decode(raw)['worker'] == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def release(redis, model: str, worker_id: str, request_id: str) -> None:
+    """``worker_id`` gave the request back, or could not claim it: forget its record (only its own)."""
+    redis.register_script(RELEASE_SCRIPT)(keys=[held_key(model)], args=[request_id, worker_id])
+
+
+# KEYS: the claim, the held hash; ARGV: this worker's id, the request id.
+SETTLE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: the held hash, the claim; ARGV: the request id, the dead worker's id, REQUEUED, TTL (s).
+TAKE_SCRIPT = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw or cjson.decode(raw)['worker'] ~= ARGV[2] then
+  return false
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+if redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+end
+return raw
+"""
+
+
+def settle(redis, model: str, worker_id: str, request_id: str, client=None):
+    """The request claimed by ``worker_id`` starts (its first output or error goes out) or ends:
+    remove its record. Returns 1 if the claim still names ``worker_id`` (the request is this
+    worker's to run), 0 if another worker took it over (this one must drop it). With ``client``
+    (a pipeline), the result comes from its ``execute``."""
+    return redis.register_script(SETTLE_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
+                                                args=[worker_id, request_id], client=client)
 
 
 def take_orphans(redis, model: str) -> list[dict[str, Any]]:
     """Payloads of the requests held by workers whose heartbeat has expired, removed from the hash
-    (each is returned to exactly one caller, whatever the number of workers calling at once)."""
+    (each is returned to exactly one caller, whatever the number of workers calling at once), their
+    claims turned from the dead worker's id into ``REQUEUED``."""
     records = {rid.decode(): json.loads(raw) for rid, raw in redis.hgetall(held_key(model)).items()}
     if not records:
         return []
     owners = sorted({r["worker"] for r in records.values()})
     alive = dict(zip(owners, (raw is not None for raw in redis.mget([registry.worker_key(w) for w in owners]))))
-    taken = []
-    for rid, record in records.items():
-        if not alive[record["worker"]] and redis.hdel(held_key(model), rid):
-            taken.append(record["payload"])
-    return taken
+    taken = [take(redis, model, record["worker"], rid) for rid, record in records.items() if not alive[record["worker"]]]
+    return [payload for payload in taken if payload is not None]
+
+
+def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] | None:
+    """Take the record of ``request_id`` held by ``worker_id`` (dead, or giving it back): remove
+    it and turn that worker's claim, if it had one, into ``REQUEUED``, so that a requeued copy can
+    claim it. Returns the payload to requeue, None when the record was not there (taken already,
+    or settled)."""
+    raw = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
+                                             args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL])
+    return json.loads(raw)["payload"] if raw else None
 
 
 class OrphanReclaimer(threading.Thread):

@@ -3,6 +3,8 @@
 * publishes engine outputs: everything that piled up while the previous publish was in
   flight is coalesced per request and written with one pipeline (:func:`.publish.bulk_send`),
   so a slow Redis delays delivery but never the engine loop;
+* settles the held record of a request (:mod:`.held`) before publishing its first output or
+  error, and drops (aborts) a request that another worker took over meanwhile;
 * receives aborts on the worker's control channel and passes them to the engine loop;
 * writes the heartbeat (worker info, engine stats, the recent figures of :mod:`.recent_stats`)
   every ``HEARTBEAT_INTERVAL`` seconds,
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from channels_redis.core import RedisChannelLayer
 
-from . import registry
+from . import held, registry
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .recent_stats import RecentStats
@@ -61,6 +63,7 @@ class WorkerIO(threading.Thread):
         self._on_shares = on_shares
         self._shares: TenantShares | None = None
         self._routes: dict[str, str] = {}  # request id -> reply channel
+        self._unstarted: dict[str, str] = {}  # request id -> model, while its held record stands
         self._seq: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue | None = None
@@ -78,6 +81,18 @@ class WorkerIO(threading.Thread):
     def add_route(self, request_id: str, reply_channel: str) -> None:
         """Route the outputs of ``request_id`` to ``reply_channel`` (before it is submitted)."""
         self._routes[request_id] = reply_channel
+
+    def expect_start(self, request_id: str, model: str) -> None:
+        """``request_id`` is held (:func:`.held.hold`) and claimed by this worker: settle its
+        record before anything of it is published (call before submitting it)."""
+        self._unstarted[request_id] = model
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` left this worker before it started (given back to the queue): publish
+        nothing of it, and do not settle its record (the taker of the record did)."""
+        self._unstarted.pop(request_id, None)
+        self._routes.pop(request_id, None)
+        self._seq.pop(request_id, None)
 
     def publish(self, outputs: list, step_time: float) -> None:
         """Queue one step's outputs for publishing; returns at once (engine loop side)."""
@@ -171,14 +186,17 @@ class WorkerIO(threading.Thread):
         messages = []
         for kind, value, step_time in batch:
             if kind == "outputs":
-                for out in value:
-                    message = encode_output(out)
-                    self._observe(message, step_time)
-                    messages.append(message)
+                messages += [(encode_output(out), step_time) for out in value]
             elif kind == "error":
-                messages.append(value)
+                messages.append((value, None))
+        lost = await self._settle({m["rid"] for m, _ in messages if m["rid"] in self._unstarted})
+        if lost:
+            messages = [(m, t) for m, t in messages if m["rid"] not in lost]
+        for message, step_time in messages:
+            if message["type"] == "delta":
+                self._observe(message, step_time)
         items, cleanup = [], []
-        for message in coalesce(messages):
+        for message in coalesce([m for m, _ in messages]):
             rid = message["rid"]
             channel = self._routes.get(rid)
             if channel is None:  # the client left: nobody listens any more
@@ -193,6 +211,26 @@ class WorkerIO(threading.Thread):
                 cleanup.append(("expire", (registry.claim_key(rid), registry.CLAIM_DONE_TTL), {}))
         if items or cleanup:
             await bulk_send(self.layer, items, cleanup)
+
+    async def _settle(self, request_ids: set[str]) -> set[str]:
+        """Remove the held records of requests about to publish their first message; returns
+        those another worker took over (their claims no longer name this worker): they are
+        aborted here and nothing of them is published."""
+        if not request_ids:
+            return set()
+        rids = sorted(request_ids)
+        pipe = self.layer.connection(0).pipeline(transaction=False)
+        for rid in rids:
+            await held.settle(pipe, self._unstarted.pop(rid), self.worker_id, rid, client=pipe)
+        lost = {rid for rid, mine in zip(rids, await pipe.execute()) if not mine}
+        if lost:
+            logger.warning("requests %s were taken over by another worker before they started here; dropped",
+                           sorted(lost))
+            for rid in lost:
+                self._routes.pop(rid, None)
+                self._seq.pop(rid, None)
+            self._on_abort(sorted(lost))
+        return lost
 
     def _observe(self, message: dict, step_time: float) -> None:
         outputs = message["outputs"]
@@ -209,6 +247,10 @@ class WorkerIO(threading.Thread):
                     self._seq.pop(rid, None)
                     self.metrics.forget(rid)
                 self._on_abort(rids)
+                try:  # aborted before it started: its held record goes (nothing is published for it)
+                    await self._settle({rid for rid in rids if rid in self._unstarted})
+                except Exception:
+                    logger.exception("removing the held records of aborted requests failed")
 
     async def _heartbeat(self) -> None:
         while True:

@@ -4,9 +4,11 @@
 * ``tessera:worker:<id>`` — JSON worker info (model, state, device, live stats), expiring
   ``HEARTBEAT_TTL`` seconds after the last heartbeat: a worker that died vanishes.
 * ``tessera:worker:<id>:commands`` — list of model commands to the worker (:mod:`.commands`).
-* ``tessera:claim:<request id>`` — the id of the worker whose engine took the request, or
-  ``"aborted"`` when the client left before any worker took it. Set with NX, so exactly
-  one party wins: a request is never run twice, and an abort is never lost. Kept
+* ``tessera:claim:<request id>`` — the id of the worker whose engine took the request,
+  ``"aborted"`` when the client left before any worker took it, or ``"requeued"`` when the
+  worker that took it died before starting it and another worker put it back on the queue
+  (:mod:`.held`). Set by :func:`claim` only when absent or ``"requeued"``, so exactly one
+  party wins: a request is never run by two workers, and an abort is never lost. Kept
   ``CLAIM_DONE_TTL`` seconds after the request finished, for late redeliveries.
 * ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
   past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
@@ -27,6 +29,17 @@ HEARTBEAT_TTL = 4  # seconds after which a silent worker counts as dead
 CLAIM_TTL = 3600  # seconds
 CLAIM_DONE_TTL = 300  # seconds a claim outlives its finished request (longer than the broker's redelivery)
 ABORTED = "aborted"
+REQUEUED = "requeued"
+
+# KEYS[1] the claim; ARGV: new owner, TTL (s), REQUEUED. 1 when the caller now owns the claim.
+CLAIM_SCRIPT = """
+local owner = redis.call('GET', KEYS[1])
+if owner == false or owner == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
 
 
 def worker_key(worker_id: str) -> str:
@@ -35,6 +48,15 @@ def worker_key(worker_id: str) -> str:
 
 def claim_key(request_id: str) -> str:
     return f"tessera:claim:{request_id}"
+
+
+def claim(redis, request_id: str, owner: str, client=None):
+    """Claim ``request_id`` for ``owner`` (a worker id, or ``ABORTED``) if nobody holds it: the
+    claim is absent, or ``REQUEUED`` (its first worker died before starting it). Returns 1 when
+    ``owner`` won, else 0 (an awaitable with a ``redis.asyncio`` client; with ``client``, a
+    pipeline, the result comes from its ``execute``)."""
+    return redis.register_script(CLAIM_SCRIPT)(keys=[claim_key(request_id)],
+                                               args=[owner, CLAIM_TTL, REQUEUED], client=client)
 
 
 def metrics_key(model: str) -> str:

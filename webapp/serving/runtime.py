@@ -1,16 +1,29 @@
 """One engine at a time per Celery worker: load, unload and reload it, run its loops, admit
 requests from Celery tasks.
 
-Admission (why a dead worker loses no queued request): the worker consumes its model's
-queue one message at a time (prefetch 1, late ack). The task for a message waits here for
-a free engine slot, claims the request in Redis (``SET NX``), hands it to the engine loop
-and only then returns, which acknowledges the message. A worker therefore takes a request
-out of Redis only when its engine has room for it; everything else stays in the queue for
-any worker of the model. If the worker dies holding its one unacknowledged message, the
-other workers put the request back on the queue within about 5 s (:mod:`.held`); the broker
-also redelivers the message after its visibility timeout, and the claim guarantees the
-request runs at most once. Requests already in the engine are lost with the worker; their clients
-see its heartbeat expire and get an error (see :mod:`webapp.serving.client`).
+Admission (why a dead worker loses no queued request, and why the engine holds a backlog):
+the worker consumes its model's queue one message at a time (prefetch 1, late ack). The task
+for a message records the request as held by this worker (:mod:`.held`), waits for a place in
+the engine, claims the request in Redis (:func:`.registry.claim`), hands it to the engine loop
+and only then returns, which acknowledges the message. The engine has ``max_num_seqs`` +
+``max_waiting_requests`` places: the requests it runs, and a backlog waiting in its scheduler.
+The backlog is what lets the scheduler enforce the tenants' GPU shares: with places only for
+the requests it runs, it would almost never hold waiting requests of several tenants to
+choose between, and tenants would be served in the queue's arrival order. Everything beyond
+the backlog stays in the queue for any worker of the model. A full engine keeps every tenant
+present in its backlog: a request of a tenant with few requests waiting takes the place of a
+not-yet-started one of the tenant with the most, which goes back to the queue
+(:meth:`.EngineLoop.displace_for`); otherwise the requests of the tenant served least would
+fill the backlog and leave the scheduler nothing else to choose.
+
+A request stays held until its first output or error is published (the I/O thread settles
+the record, :mod:`.io_loop`). If the worker dies before that (waiting for a place, or in the
+backlog) the other workers put the request back on the queue within about 5 s and move its
+claim to ``requeued``, so the copy runs elsewhere; a worker that only stalled then publishes
+nothing of it. Requests already started are lost with the worker; their clients see its
+heartbeat expire and get an error (see :mod:`webapp.serving.client`). The broker redelivers
+an unacknowledged message after its visibility timeout; the claim guarantees the request
+runs at most once.
 
 Models (why the process outlives its engine): a worker may start with a model or with none
 (``idle``), and takes load / unload / reload commands from its command list
@@ -18,7 +31,7 @@ Models (why the process outlives its engine): a worker may start with a model or
 thread (``loading``), then starts consuming the model's queue (``ready``); if building
 fails, the error is kept for the heartbeat (``failed``) and the worker stays as it was
 without a model, ready for the next command. An unload first stops consuming the queue,
-then ends the engine's running requests with an error saying so, adds the model's last
+then ends the engine's requests (running and backlogged) with an error saying so, adds the model's last
 counter increments to its totals, and drops the engine (its weights and KV cache) before
 the worker reports ``idle``.
 """
@@ -56,7 +69,24 @@ SLOT_POLL = 0.5  # seconds between checks for shutdown while waiting for a slot
 GIL_SWITCH_INTERVAL = 0.0005  # seconds
 COMMAND_POLL = 1.0  # seconds a BLPOP for commands blocks before checking for shutdown
 UNLOADED = "The model was unloaded from this worker; retry the request."
+DISPLACED = "The request could not be kept waiting on this worker; retry the request."
 IDLE, LOADING, READY, UNLOADING, FAILED = "idle", "loading", "ready", "unloading", "failed"
+MIN_DEFAULT_BACKLOG = 64  # requests
+
+
+def default_max_waiting_requests(max_num_seqs: int) -> int:
+    """The backlog a worker keeps when ``--max-waiting-requests`` is not given, in requests:
+    ``max(max_num_seqs, 64)``.
+
+    At least ``max_num_seqs``, so that a whole batch finishing at once (same ``max_tokens``)
+    is refilled from the engine's own waiting queue, chosen by the tenants' shares, rather
+    than from Redis in arrival order; at least 64, so that with a small batch several
+    tenants still each have requests waiting for the scheduler to choose between. Not more:
+    a request in one worker's backlog cannot move to another worker that has room (only a
+    dead worker's backlog is requeued), so a longer backlog spreads a burst less evenly over
+    the model's workers.
+    """
+    return max(max_num_seqs, MIN_DEFAULT_BACKLOG)
 
 
 class WorkerShuttingDown(Exception):
@@ -76,6 +106,12 @@ class WorkerRuntime:
         layer: the Channels layer.
         engine_builder: builds an ``inference.LLMEngine`` from ``EngineArgs`` (called on the
             engine-loop thread).
+        max_waiting_requests: requests the worker admits into its engine beyond
+            ``max_num_seqs``, to wait in the engine's scheduler (the backlog); None:
+            :func:`default_max_waiting_requests` of the loaded model's ``max_num_seqs``.
+
+    Raises:
+        ValueError: ``max_waiting_requests`` is negative.
 
     Attributes:
         state: ``idle``, ``loading``, ``ready``, ``unloading`` or ``failed`` (idle, with the
@@ -84,8 +120,11 @@ class WorkerRuntime:
     """
 
     def __init__(self, base_args: EngineArgs, redis_url: str, layer: Any,
-                 engine_builder: Callable[[EngineArgs], Any]) -> None:
+                 engine_builder: Callable[[EngineArgs], Any], max_waiting_requests: int | None = None) -> None:
+        if max_waiting_requests is not None and max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests must be at least 0 requests, got {max_waiting_requests}")
         self.base_args = base_args
+        self.max_waiting_requests = max_waiting_requests
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._redis_url = redis_url
         self._redis = redis.Redis.from_url(redis_url)
@@ -137,8 +176,10 @@ class WorkerRuntime:
         self.state, self.spec, self.error = LOADING, spec, None
         logger.info("loading model %s from %s", spec.name, spec.source)
         args = spec.engine_args(self.base_args)
-        loop = EngineLoop(lambda: self._build_engine(args), self.io.publish, self.io.reject, args.max_num_seqs,
-                          self._on_engine_failure)
+        backlog = (default_max_waiting_requests(args.max_num_seqs) if self.max_waiting_requests is None
+                   else self.max_waiting_requests)
+        loop = EngineLoop(lambda: self._build_engine(args), self.io.publish, self.io.reject,
+                          args.max_num_seqs + backlog, self._on_engine_failure)
         try:
             engine = loop.start_and_wait()
             if self._shares is not None:
@@ -230,52 +271,78 @@ class WorkerRuntime:
 
     # ---- requests ----------------------------------------------------------------
     def admit(self, payload: dict[str, Any]) -> None:
-        """Hand one request from a Celery task to the engine; returns once the engine has it.
+        """Hand one request from a Celery task to the engine; returns once the engine has it
+        (running, or waiting in its backlog).
 
         ``payload``: ``rid``, ``reply`` (channel), ``model`` (the served model's name),
         ``prompt_token_ids``, ``params`` (SamplingParams keyword arguments), ``priority`` (int,
-        optional), ``cache_salt`` (str, optional), ``arrival`` (``time.time()`` at the web process).
+        optional), ``cache_salt`` (str, optional), ``tenant`` (slug, optional), ``arrival``
+        (``time.time()`` at the web process).
+
+        The request is recorded as held by this worker (:mod:`.held`) from now until its first
+        output or error is published, so that the other workers requeue it if this one dies
+        before starting it.
 
         Raises:
             WorkerShuttingDown: the worker is stopping, or does not serve the request's model
-                (any more), before the request got a slot.
+                (any more), before the request got a place in the engine.
         """
-        loop = self.loop
-        if loop is None or payload.get("model", self.model) != self.model:
+        loop, model = self.loop, self.model
+        if loop is None or payload.get("model", model) != model:
             raise WorkerShuttingDown()
-        if not loop.acquire_slot(0):
-            self._wait_for_slot(loop, payload)
-        with self._lock:
-            if self._closing.is_set() or loop is not self.loop or self.state != READY:
-                loop.release_slot()
-                raise WorkerShuttingDown()
-            rid = payload["rid"]
-            if not self._redis.set(registry.claim_key(rid), self.worker_id, nx=True, ex=registry.CLAIM_TTL):
-                loop.release_slot()  # aborted by its client, or taken by another worker
-                return
-            try:
-                params = SamplingParams(**payload["params"])
-            except (TypeError, ValueError) as error:
-                loop.release_slot()
-                self.io.add_route(rid, payload["reply"])
-                self.io.reject(rid, 400, str(error), getattr(error, "param", None))
-                return
-            arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
-            self.io.add_route(rid, payload["reply"])
-            loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival, payload.get("tenant"),
-                                      priority=int(payload.get("priority", 0)),
-                                      cache_salt=payload.get("cache_salt")))
-
-    def _wait_for_slot(self, loop: EngineLoop, payload: dict[str, Any]) -> None:
-        """Wait for a free engine slot while the request is recorded as held by this worker
-        (so that the others take it over if this worker dies meanwhile)."""
-        held.hold(self._redis, payload.get("model", self.model), self.worker_id, payload)
+        rid = payload["rid"]
+        held.hold(self._redis, model, self.worker_id, payload)
         try:
-            while not loop.acquire_slot(SLOT_POLL):
-                if self._closing.is_set() or not loop.is_alive():
+            self._wait_for_place(loop, model, payload.get("tenant"))
+            with self._lock:
+                if self._closing.is_set() or loop is not self.loop or self.state != READY:
+                    loop.release_slot()
                     raise WorkerShuttingDown()
-        finally:
-            held.release(self._redis, payload.get("model", self.model), payload["rid"])
+                if not registry.claim(self._redis, rid, self.worker_id):
+                    loop.release_slot()  # aborted by its client, or taken by another worker
+                    held.release(self._redis, model, self.worker_id, rid)
+                    return
+                self.io.add_route(rid, payload["reply"])
+                self.io.expect_start(rid, model)  # its first message (even an error) settles the held record
+                try:
+                    params = SamplingParams(**payload["params"])
+                except (TypeError, ValueError) as error:
+                    loop.release_slot()
+                    self.io.reject(rid, 400, str(error), getattr(error, "param", None))
+                    return
+                arrival = time.monotonic() - max(0.0, time.time() - payload.get("arrival", time.time()))
+                loop.submit(EngineRequest(rid, list(payload["prompt_token_ids"]), params, arrival,
+                                          payload.get("tenant"), priority=int(payload.get("priority", 0)),
+                                          cache_salt=payload.get("cache_salt")))
+        except BaseException:  # WorkerShuttingDown: the message goes back to the queue, for any worker
+            held.release(self._redis, model, self.worker_id, rid)
+            raise
+
+    def _wait_for_place(self, loop: EngineLoop, model: str, tenant: str | None) -> None:
+        """Wait for a place in the engine (running or backlog) while the request is held. A
+        full engine first tries to make room by giving back to the queue a backlogged request
+        of a tenant over-represented in the backlog (:meth:`EngineLoop.displace_for`)."""
+        if loop.acquire_slot(0):
+            return
+        while True:
+            displaced = loop.displace_for(tenant)
+            if displaced is not None:  # its place is ours now
+                self._give_back(model, displaced)
+                return
+            if loop.acquire_slot(SLOT_POLL):
+                return
+            if self._closing.is_set() or not loop.is_alive():
+                raise WorkerShuttingDown()
+
+    def _give_back(self, model: str, request_id: str) -> None:
+        """Put a backlogged request that the engine dropped unstarted back on the queue (its
+        claim becomes ``requeued``; its client keeps waiting)."""
+        payload = held.take(self._redis, model, self.worker_id, request_id)
+        if payload is not None:
+            self.io.forget(request_id)
+            self._requeue(payload)
+        else:  # no record of this worker's (a duplicate copy's record stood, or another worker took it)
+            self.io.reject(request_id, 503, DISPLACED, None)  # dropped at publishing if taken over
 
     def _requeue(self, payload: dict[str, Any]) -> None:
         from .client import _enqueue  # noqa: PLC0415 (client imports the tasks, which import this module)

@@ -19,7 +19,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
-from webapp.cli import add_engine_arguments, engine_argv, engine_args_from_options
+from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
 
 logger = logging.getLogger("tessera.serve")
 
@@ -32,6 +32,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         add_engine_arguments(parser)
+        add_worker_arguments(parser)
         parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
         parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
         parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
@@ -106,7 +107,7 @@ class Command(BaseCommand):
             TESSERA_API_KEY=options["api_key"], TESSERA_KEY_ONLY="1" if options["key_only"] else None,
             TESSERA_LOG_LEVEL=options["log_level"].upper())
         for _ in range(options["data_parallel_size"]):
-            children.append(launcher.start_worker(engine_argv(engine_args), env))
+            children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env))
         children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
         host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
         base_url = f"http://{host}:{options['port']}"
@@ -125,7 +126,7 @@ class Command(BaseCommand):
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
                 self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one.")
                 restarts.append(time.monotonic())
-                children[i] = launcher.start_worker(engine_argv(engine_args), env)
+                children[i] = launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env)
             time.sleep(0.5)
 
 

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from inference import LLMEngine
 from inference.errors import TesseraError
 from webapp.celery import app as celery_app, queue_for
-from webapp.cli import add_engine_arguments, engine_args_from_options
+from webapp.cli import add_engine_arguments, add_worker_arguments, engine_args_from_options
 from webapp.serving.model_spec import ModelSpec
 from webapp.serving.queues import CeleryQueues
 from webapp.serving.runtime import WorkerRuntime, install_runtime
@@ -30,6 +30,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         add_engine_arguments(parser)
+        add_worker_arguments(parser)
         parser.add_argument("--no-model", action="store_true",
                             help="Start without a model; load one from the admin (Workers > Load).")
         parser.add_argument("--log-level", default=settings.LOGGING["root"]["level"].lower(),
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         for logger_name in ("celery.app.trace", "celery.worker.strategy"):  # two lines per request otherwise
             logging.getLogger(logger_name).setLevel(max(logging.WARNING, logging.getLogger().level))
         runtime = WorkerRuntime(engine_args, settings.CELERY_BROKER_URL, get_channel_layer(),
-                                LLMEngine.from_engine_args)
+                                LLMEngine.from_engine_args, options["max_waiting_requests"])
         try:
             runtime.start(None if options["no_model"] else ModelSpec.from_engine_args(engine_args))
         except TesseraError as error:

@@ -1,0 +1,164 @@
+"""GPU shares on the running server: two tenants at 30% and 70% that both flood one worker get
+its completion tokens in a 30/70 split, counted from their streamed responses.
+
+The worker admits requests beyond ``--max-num-seqs`` into its engine (``--max-waiting-requests``),
+so that the engine's scheduler has waiting requests of both tenants to choose between; the
+rest wait in Redis. Also: a worker that stops ends its backlogged requests like its running
+ones. Real stack (Redis, one Celery worker with the packaged SmolLM2, Daphne), no mocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.webapp.raw_http import open_stream
+from tests.webapp.serving_stack import MODEL, Stack, http
+from webapp import launcher
+
+MAX_NUM_SEQS = 4
+BACKLOG = 8  # --max-waiting-requests: of the 2 x CONCURRENCY requests outstanding, 12 wait in Redis
+CONCURRENCY = 12  # streams each tenant keeps open: 3 x max_num_seqs
+MAX_TOKENS = 16
+WARMUP_TOKENS = 150  # served (both tenants together) before the window opens
+WINDOW_TOKENS = 600  # served in the window
+SHARES = {"share-low": 30, "share-high": 70}
+
+
+@pytest.fixture(scope="module")
+def share_stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("gpu-share"),
+              engine_argv=[MODEL, "--max-model-len", "256", "--kv-cache-space", "0.25",
+                           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(BACKLOG)],
+              OMP_NUM_THREADS="1")  # on a shared CPU, OpenMP threads spinning against other processes cost 10x
+    # The tenants, as an operator creates them (saving publishes the shares to the workers).
+    code = ("from tenants.models import Tenant\n"
+            + "".join(f"Tenant.objects.create(slug={slug!r}, name={slug!r}, gpu_share={share})\n"
+                      for slug, share in SHARES.items()))
+    subprocess.run([sys.executable, launcher.MANAGE, "shell", "-c", code], env=s.env, check=True,
+                   cwd=launcher.BASE_DIR)
+    deadline = time.monotonic() + 30
+    while not all((w.get("tenant_shares") or {}).get(slug) == share
+                  for w in s.worker_infos() for slug, share in SHARES.items()):
+        assert time.monotonic() < deadline, s.worker_infos()
+        time.sleep(0.1)
+    yield s
+    s.stop()
+
+
+async def _flood(base_url: str, tenant: str, served: list[tuple[str, int]], stop: asyncio.Event) -> None:
+    """Keep one streaming completion of ``tenant`` open until ``stop``; append ``(tenant, tokens)``
+    for every streamed chunk (tokens counted from the chunk's logprobs)."""
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
+            "logprobs": 0, "temperature": 0}
+    while not stop.is_set():
+        reader, writer, status = await open_stream(base_url, "/v1/completions", body,
+                                                   headers={"X-Tenant-ID": tenant})
+        assert status == 200
+        try:
+            while not stop.is_set():
+                line = await reader.readline()
+                if not line or line.strip() == b"data: [DONE]":
+                    break
+                if line.startswith(b"data: "):
+                    chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk
+                    logprobs = chunk["choices"][0].get("logprobs") or {}
+                    served.append((tenant, len(logprobs.get("tokens") or ())))
+        finally:
+            writer.close()
+
+
+def test_two_flooding_tenants_are_served_in_their_shares(share_stack):
+    s = share_stack
+
+    async def run() -> dict[str, int]:
+        served: list[tuple[str, int]] = []
+        stop = asyncio.Event()
+        streams = [asyncio.ensure_future(_flood(s.base_url, tenant, served, stop))
+                   for tenant in SHARES for _ in range(CONCURRENCY)]
+        deadline = time.monotonic() + 300
+        while sum(n for _, n in served) < WARMUP_TOKENS + WINDOW_TOKENS:
+            assert time.monotonic() < deadline, f"only {sum(n for _, n in served)} tokens served"
+            done = [f for f in streams if f.done()]
+            assert not done, done[0].exception()
+            await asyncio.sleep(0.05)
+        # The window: from the token after the warm-up to now, while both tenants still flood.
+        window, total = {tenant: 0 for tenant in SHARES}, 0
+        for tenant, n in list(served):
+            total += n
+            if total > WARMUP_TOKENS:
+                window[tenant] += n
+        stop.set()
+        await asyncio.gather(*streams, return_exceptions=True)
+        return window
+
+    window = asyncio.run(run())
+    total = sum(window.values())
+    low = 100 * window["share-low"] / total
+    print(f"served in the window: {window} -> {low:.1f}% / {100 - low:.1f}%")
+    assert total >= WINDOW_TOKENS
+    assert abs(low - 30) <= 5, window
+
+    # The clients left: their requests, running, in the backlog or still in Redis, were aborted;
+    # the engine empties, with every KV block free and no request left held ...
+    held_key = f"tessera:held:{MODEL}"
+    deadline = time.monotonic() + 120
+    while True:
+        stats = s.worker_infos()[0]["stats"]
+        if ((stats["num_running"], stats["num_waiting"], s.redis.hlen(held_key)) == (0, 0, 0)
+                and stats["num_free_blocks"] == stats["num_total_blocks"]):
+            break
+        assert time.monotonic() < deadline, (stats, s.redis.hgetall(held_key))
+        time.sleep(0.2)
+    # ... and the places of the aborted requests are free again: all of them at once.
+    async def fill() -> list[int]:
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+        replies = await asyncio.gather(*[asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
+                                                           {"X-Tenant-ID": "share-low"}, 120)
+                                         for _ in range(2 * CONCURRENCY)])
+        return [status for status, _, _ in replies]
+
+    assert asyncio.run(fill()) == [200] * (2 * CONCURRENCY)
+
+
+def test_worker_shutdown_ends_backlogged_requests_like_running_ones(share_stack):
+    """Last in this module: it stops the worker. The streams of the running and of the
+    backlogged requests all end with the same error event."""
+    s = share_stack
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    held_key = f"tessera:held:{MODEL}"
+
+    async def response(head: asyncio.Future) -> tuple[int, str]:
+        reader, writer, status = await head
+        rest = (await reader.read()).decode()
+        writer.close()
+        return status, rest
+
+    async def run() -> list[tuple[int, str]]:
+        heads = [asyncio.ensure_future(open_stream(s.base_url, "/v1/completions", body,
+                                                   headers={"X-Tenant-ID": "share-low"}))
+                 for _ in range(MAX_NUM_SEQS + 2)]
+        deadline = time.monotonic() + 60
+        # Running requests that sent their first token, and two backlogged ones, still held.
+        while (s.worker_infos()[0]["stats"]["num_running"], s.worker_infos()[0]["stats"]["num_waiting"],
+               s.redis.hlen(held_key)) != (MAX_NUM_SEQS, 2, 2):
+            assert time.monotonic() < deadline, (s.worker_infos()[0]["stats"], s.redis.hlen(held_key))
+            await asyncio.sleep(0.05)
+        stopping = asyncio.ensure_future(asyncio.to_thread(s.workers[0].stop, 60))  # SIGTERM: warm shutdown
+        responses = await asyncio.wait_for(asyncio.gather(*[response(h) for h in heads]), 60)
+        assert await stopping == 0
+        return responses
+
+    responses = asyncio.run(run())
+    for status, rest in responses:
+        assert status == 200, rest
+        events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "service_unavailable" and "shutting down" in error["message"], error
+    assert s.redis.hlen(held_key) == 0  # ended, not left to be requeued
