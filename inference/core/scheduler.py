@@ -201,7 +201,8 @@ class Scheduler:
             item.request.num_computed_tokens += item.num_scheduled_tokens
             if self.fair_share is not None:
                 self.fair_share.charge(item.request.tenant_id, item.num_scheduled_tokens)
-            self.kv.cache_blocks(item.request)
+            if not item.request.is_finished:  # a stop string can end it while the step runs: blocks freed
+                self.kv.cache_blocks(item.request)
             if item.forks:
                 self._fork(item.request)
 

@@ -121,3 +121,23 @@ def test_shared_system_prompt_computes_90_percent_fewer_prefill_tokens(tmp_path,
     assert computed[False] == sum(map(len, prompts))
     assert computed[True] <= 0.1 * computed[False], computed
     assert outputs[True] == outputs[False]
+
+
+@pytest.mark.timeout(600)
+def test_stop_strings_with_prefix_caching(system_prompt, questions):
+    """A stop string ends a request after its next step was already launched; that step's blocks
+    must not be registered in the cache once the request's blocks are freed (it crashed the engine)."""
+    prompts = [system_prompt + q for q in questions[:3]]
+    llm = LLM(max_model_len=512, kv_cache_space=0.2, enable_prefix_caching=True)
+    free_run = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                            use_tqdm=False)
+    for prompt, out in zip(prompts, free_run):
+        text = out.outputs[0].text
+        stop = text[len(text) // 2:len(text) // 2 + 3]
+        assert stop.strip(), text
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+        stopped = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)[0].outputs[0]
+        assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+        assert stopped.text == text[:text.index(stop)]
+    _assert_no_leak(llm)
+    assert _tokens(llm, prompts[:1]) == _tokens(LLM(max_model_len=512, kv_cache_space=0.2), prompts[:1])
