@@ -2,8 +2,8 @@
 
 HTTP goes to :func:`webapp.handlers.http_application` (the API without the admin's
 middleware); WebSockets to the Channels consumers of :mod:`webapp.routing`, behind Channels'
-session authentication (the user logged in to the pages) and an origin check against
-``ALLOWED_HOSTS``.
+session authentication (the user logged in to the pages), an origin check against
+``ALLOWED_HOSTS`` and a same-origin check (:mod:`webapp.ws_origin`).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_application = get_asgi_application()  # sets Django up
 
 from webapp.handlers import http_application  # noqa: E402
+from webapp.ws_origin import SameOriginValidator  # noqa: E402
 
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 from webapp.api.tokenization import warm_up_tokenizers  # noqa: E402
@@ -29,5 +30,6 @@ publish_tenant_shares()  # the workers' GPU shares, also when Redis started empt
 
 application = ProtocolTypeRouter({
     "http": http_application(),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AllowedHostsOriginValidator(
+        AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

@@ -24,6 +24,9 @@ def test_malformed_json(stack):
     error = _error(http("POST", stack.base_url + "/v1/chat/completions", b"{not json"), 400)
     assert error["type"] == "invalid_request_error" and "JSON" in error["message"]
     _error(http("POST", stack.base_url + "/v1/completions", b"[1, 2]"), 400)
+    deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000  # beyond the JSON parser's recursion limit
+    error = _error(http("POST", stack.base_url + "/v1/completions", deep), 400)
+    assert error["code"] == "invalid_json" and "deeply" in error["message"]
 
 
 @pytest.mark.parametrize("field, value", [

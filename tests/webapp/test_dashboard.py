@@ -264,3 +264,20 @@ def test_live_page_in_chromium_under_load_and_across_a_server_restart(chromium, 
     driver.get(base_url + "/dashboard/")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#models tr[data-key="{MODEL}"]'))
     assert driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
+
+
+def test_websocket_from_another_site_is_refused_even_with_a_session(orm, django_app, people):
+    """Cross-site WebSocket hijacking: a page elsewhere opening /ws/stats with the staff user's cookie."""
+    from channels.testing import WebsocketCommunicator
+
+    cookie = session_cookie(people["staff"])
+
+    async def connect(origin: bytes) -> bool:
+        headers = cookie + [(b"host", b"tessera.example:8000"), (b"origin", origin)]
+        communicator = WebsocketCommunicator(django_app, "/ws/stats", headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        await communicator.disconnect()
+        return connected
+
+    assert asyncio.run(connect(b"http://evil.example")) is False
+    assert asyncio.run(connect(b"http://tessera.example:8000")) is True

@@ -31,6 +31,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw or b"")
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"The request body is not valid JSON: {error}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("The request body nests JSON arrays or objects too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     return body
