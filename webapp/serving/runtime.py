@@ -278,8 +278,8 @@ class WorkerRuntime:
             held.release(self._redis, payload.get("model", self.model), payload["rid"])
 
     def _requeue(self, payload: dict[str, Any]) -> None:
-        from .client import _enqueue  # noqa: PLC0415 (client imports the tasks, which import this module)
-        _enqueue(queue_for(payload.get("model") or self.model), [payload])
+        from .task_messages import enqueue_blocking  # noqa: PLC0415 (it imports the tasks, which import this module)
+        enqueue_blocking(self._redis, queue_for(payload.get("model") or self.model), [payload])
 
     def _stop_reclaimer(self) -> None:
         if self.reclaimer is not None:
