@@ -23,12 +23,12 @@ import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from webapp.celery import app as celery_app, queue_for
-from webapp.tasks import GENERATE_TASK
+from webapp.celery import queue_for
 
 from . import held, registry
 from .messages import Message, is_final
 from .replies import reply_router
+from .task_messages import enqueue
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 
@@ -112,7 +112,7 @@ class GenerationStream:
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "model": self.model, "params": r.params, "arrival": now, "tenant": r.tenant,
                      "priority": r.priority, "cache_salt": r.cache_salt} for r in self.requests]
-        await asyncio.to_thread(_enqueue, queue_for(self.model), payloads)
+        await enqueue(get_redis(), queue_for(self.model), payloads)
 
     def _deliver(self, messages: list[Message]) -> None:
         self._pending.extend(messages)
@@ -215,14 +215,6 @@ class GenerationStream:
 
 
 _aborts_in_flight: set[asyncio.Future] = set()
-
-
-def _enqueue(queue: str, payloads: list[dict[str, Any]]) -> None:
-    for payload in payloads:
-        # argsrepr: what logs show for the task; Celery's default (a bounded repr of the
-        # prompt's token ids) costs about a millisecond per request.
-        celery_app.send_task(GENERATE_TASK, args=[payload], queue=queue, argsrepr=f"[rid={payload['rid']}]",
-                             kwargsrepr="{}")
 
 
 WORKERS_FRESH = 0.25  # seconds a read of the live workers is used as it is

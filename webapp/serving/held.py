@@ -128,7 +128,7 @@ class OrphanReclaimer(threading.Thread):
 
     Args:
         redis: a synchronous ``redis.Redis``.
-        requeue: sends one payload to the model's queue (``celery_app.send_task``).
+        requeue: sends one payload to the model's queue (:func:`.task_messages.enqueue_blocking`).
     """
 
     def __init__(self, redis, model: str, requeue: Callable[[dict[str, Any]], None]) -> None:
