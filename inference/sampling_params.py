@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
@@ -9,6 +10,8 @@ from .errors import InvalidRequestError
 MAX_LOGPROBS = 20
 MAX_N = 128  # samples per request; OpenAI's documented limit for ``n``
 SEED_RANGE = (-(2**63), 2**64 - 1)
+INTEGER_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")  # None: unset
+NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclass
@@ -67,10 +70,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop or [], (list, tuple)) or not all(isinstance(s, str) for s in self.stop or []):
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}.", param="stop")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
+            except (TypeError, ValueError):
+                raise InvalidRequestError("logit_bias must map token ids to numbers, got "
+                                          f"{self.logit_bias!r}.", param="logit_bias") from None
         self.verify()
 
     @property
@@ -85,6 +94,15 @@ class SamplingParams:
         """
         def bad(param: str, limit: str, value: object) -> None:
             raise InvalidRequestError(f"{param} must be {limit}, got {value!r}.", param=param)
+
+        for name in INTEGER_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                bad(name, "an integer", value)
+        for name in NUMBER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                bad(name, "a number", value)
 
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             bad("n", f"between 1 and {MAX_N}", self.n)

@@ -78,6 +78,13 @@ class EngineArgs:
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.",
                                       param="max_num_seqs")
+        for name in ("max_model_len", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidRequestError(f"{name} must be at least 1 token, got {value}.", param=name)
+        if not self.kv_cache_space > 0:
+            raise InvalidRequestError(f"kv_cache_space must be a positive number of GiB, got {self.kv_cache_space}.",
+                                      param="kv_cache_space")
         if self.scheduling_policy not in POLICIES:
             raise InvalidRequestError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
                                       f"{self.scheduling_policy!r}.", param="scheduling_policy")

@@ -115,13 +115,20 @@ def test_bad_engine_arguments():
     with pytest.raises(InvalidRequestError) as info:
         LLM(no_such_flag=1)
     assert info.value.param == "no_such_flag"
+    for field, value in (("max_model_len", -5), ("max_model_len", 0), ("max_num_batched_tokens", 0),
+                         ("kv_cache_space", -1.0)):
+        with pytest.raises(InvalidRequestError) as info:  # refused before the model loads
+            LLM(**{field: value})
+        assert info.value.param == field and str(value) in str(info.value)
 
 
 @pytest.mark.parametrize("field, value", [
     ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", float("nan")),
     ("repetition_penalty", float("nan")), ("frequency_penalty", float("inf")), ("seed", 2**64), ("seed", -(2**63) - 1),
+    ("stop", 5), ("stop", ["ok", 3]), ("seed", "x"), ("temperature", "hot"), ("max_tokens", 2.5), ("n", True),
+    ("logit_bias", {"a": 1}),
 ])
-def test_non_finite_and_out_of_range_values(field, value):
+def test_wrong_types_non_finite_and_out_of_range_values(field, value):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field

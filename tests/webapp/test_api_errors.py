@@ -73,6 +73,9 @@ def test_booleans_and_non_integers_are_not_token_ids(stack, prompt):
 def test_missing_messages_and_prompt(stack):
     assert _error(http("POST", stack.base_url + "/v1/chat/completions", {"model": MODEL}), 400)["param"] == "messages"
     assert _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL}), 400)["param"] == "prompt"
+    null_content = {"model": MODEL, "messages": [{"role": "user", "content": None}]}
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions", null_content), 400)
+    assert error["param"] == "messages" and "messages[0].content" in error["message"]
 
 
 def test_unknown_model_is_404(stack):

@@ -206,12 +206,17 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
             raise bad_request(f"'messages[{i}].role' is {message['role']!r}; expected one of "
                               f"{', '.join(sorted(CHAT_ROLES))}.", param="messages")
         content = message.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
+        if content is None:  # OpenAI allows it only for an assistant message (one with tool calls)
+            if message["role"] != "assistant":
+                raise bad_request(f"'messages[{i}].content' is required for a {message['role']!r} message.",
+                                  param="messages")
+            message = messages[i] = dict(message, content="")
+        elif isinstance(content, list):  # content parts: keep the text ones
             parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
             if len(parts) != len(content):
                 raise bad_request(f"'messages[{i}].content' may only hold text parts.", param="messages")
             message = messages[i] = dict(message, content="".join(parts))
-        elif content is not None and not isinstance(content, str):
+        elif not isinstance(content, str):
             raise bad_request(f"'messages[{i}].content' must be a string or an array of parts.",
                               param="messages")
     logprobs = body.get("logprobs", bool, False)
