@@ -106,6 +106,9 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     (["--quantization", "awq"], "needs an AWQ checkpoint"),  # the packaged model is not AWQ-quantized
     # FP8 now runs under tensor parallelism; on this CPU machine it still names its hardware requirement.
     (["--tensor-parallel-size", "3", "--quantization", "fp8"], "quantization='fp8' needs a GPU with FP8 tensor cores"),
+    (["--port", "99999"], "must be a TCP port from 1 to 65535"),
+    (["--max-model-len", "-5"], "max_model_len must be at least 1 token, got -5"),
+    (["--kv-cache-space", "-1"], "kv_cache_space must be a positive number of GiB"),
 ])
 def test_flags_the_model_cannot_use_stop_serve_before_it_starts(tmp_path, flag, message):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))

@@ -7,6 +7,8 @@ engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times 
 """
 from __future__ import annotations
 
+import argparse
+
 import logging
 import os
 import signal
@@ -27,6 +29,17 @@ MAX_RESTARTS = 5  # worker restarts allowed within RESTART_WINDOW seconds before
 RESTART_WINDOW = 600.0
 
 
+def port_number(text: str) -> int:
+    """argparse type of ``--port``: a TCP port, 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text!r}")
+    return port
+
+
 class Command(BaseCommand):
     help = "Serve a model with an OpenAI-compatible API (Daphne + Celery engine workers + Redis)."
 
@@ -34,7 +47,7 @@ class Command(BaseCommand):
         add_engine_arguments(parser)
         add_worker_arguments(parser)
         parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
-        parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+        parser.add_argument("--port", type=port_number, default=8000, help="Port to listen on (1-65535).")
         parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
         parser.add_argument("--api-key", help="Require 'Authorization: Bearer <key>' on /v1 endpoints "
                                               "(this key, or a tenant's key).")
