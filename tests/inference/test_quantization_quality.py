@@ -16,8 +16,9 @@ import torch
 from inference.quantization import awq, packing
 from inference.quantization.config import QuantizationConfig
 from inference.quantization.perplexity import perplexity_tokens
+from inference.model_loader import resolve_model
 from inference.quantization.quantize import (LINEARS, CalibrationConfig, _first_layer_inputs, _gptq_layer,
-                                             _run_layer, calibration_batch)
+                                             _run_layer, calibration_batch, quantized_source_types)
 
 LAYER = 3
 # Measured (layer 3, relative error of the residual update): round-to-nearest g64 0.065, GPTQ g64
@@ -61,7 +62,9 @@ def _round_to_nearest(layer, inputs, group_size=64):
 
 
 def test_packaged_linears_sit_on_a_q4_1_grid(layer_case):
-    """Every block of 32 input channels holds at most 16 values ``m + d q`` (q = 0..15)."""
+    """Every block of 32 input channels holds at most 16 values ``m + d q`` (q = 0..15), and the quantize
+    command knows (it warns that the error compounds)."""
+    assert quantized_source_types(resolve_model("smollm2-135m-instruct")) == {"Q4_1"}
     weight = _linear(layer_case[0], "down_proj").weight.detach().double()
     blocks = weight.reshape(weight.shape[0], -1, 32)
     low, step = blocks.amin(-1, keepdim=True), (blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15
