@@ -293,9 +293,13 @@ def weight_memory(model: nn.Module) -> WeightMemory:
 
 
 def log_weight_memory(model: nn.Module, config: QuantizationConfig) -> WeightMemory:
+    """Log, at start-up, the two figures a reader compares with bf16: the quantized linear layers alone, and
+    the whole model (the embedding, norms and LM head stay 16-bit, as in published AWQ/GPTQ checkpoints)."""
     memory = weight_memory(model)
-    logger.info("Quantization %s: linear layers take %.2f GiB = %.1f%% of bf16 (%.2f GiB); whole model %.2f GiB = "
-                "%.1f%% of bf16 (embeddings, norms, LM head unquantized)", config.method,
+    logger.info("Quantization %s: quantized linear layers %.2f GiB = %.1f%% of their bf16 size (%.2f GiB); "
+                "whole model %.2f GiB = %.1f%% of its bf16 size (%.2f GiB), of which %.2f GiB stay 16-bit "
+                "(embeddings, norms, LM head)", config.method,
                 memory.quantized_bytes / GiB, 100 * memory.quantized_ratio, memory.quantized_bf16_bytes / GiB,
-                memory.total_bytes / GiB, 100 * memory.total_ratio)
+                memory.total_bytes / GiB, 100 * memory.total_ratio, memory.total_bf16_bytes / GiB,
+                (memory.total_bytes - memory.quantized_bytes) / GiB)
     return memory

@@ -6,6 +6,10 @@ The float model runs in transformers on the CPU (or ``device``). Layers are proc
 each layer's linears see the inputs produced by the already-quantized layers before it (as in
 AutoAWQ and GPTQ's reference code); within a layer all linears are calibrated on the float layer's
 activations.
+
+A GGUF source whose linears are already quantized (the packaged SmolLM2 is Q4_1: 4-bit blocks of 32
+with a fractional minimum) cannot be reproduced by AWQ/GPTQ's integer zero points; the error compounds,
+and ``quantize_model`` warns (see the README's Quantization section for the measured cost).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from safetensors.torch import save_file
 
 from ..errors import InvalidRequestError
 from ..model_loader import check_architecture, load_hf_config, load_tokenizer, resolve_model
+from ..model_loader.sources import ResolvedModel, find_packaged_gguf
 from . import awq, gptq, packing
 from .config import QuantizationConfig
 
@@ -58,6 +63,19 @@ def default_group_size(hf_config) -> int:
         if all(size % group == 0 for size in sizes):
             return group
     return -1
+
+
+def quantized_source_types(resolved: ResolvedModel) -> set[str]:
+    """GGUF tensor types other than F32/F16/BF16 among the source's decoder-layer weights (e.g. ``{"Q4_1"}``
+    for the packaged SmolLM2); empty for a Hugging Face directory or an unquantized GGUF."""
+    if resolved.source not in ("gguf", "packaged"):
+        return set()
+    import gguf
+
+    path = find_packaged_gguf() if resolved.source == "packaged" else Path(resolved.name).expanduser()
+    reader = gguf.GGUFReader(str(path))
+    return {tensor.tensor_type.name for tensor in reader.tensors
+            if tensor.name.startswith("blk.") and tensor.tensor_type.name not in ("F32", "F16", "BF16")}
 
 
 class _Stop(Exception):
@@ -129,6 +147,12 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
             raise InvalidRequestError(f"group_size={group_size} must be -1 or a multiple of 16 dividing the layers' "
                                       f"input features ({config.hidden_size}, {config.intermediate_size}).",
                                       param="group_size")
+    already = quantized_source_types(resolved)
+    if already:
+        logger.warning("%s: the source's linear layers are already quantized (GGUF %s); 4-bit %s with integer "
+                       "zero points cannot reproduce them, so the error compounds (perplexity well above the "
+                       "source's). Quantize a 16-bit checkpoint for the best quality.", model,
+                       ", ".join(sorted(already)), method.upper())
     hf_model = AutoModelForCausalLM.from_pretrained(str(resolved.model_dir), dtype=torch.float32,
                                                     local_files_only=True).to(device).eval()
     qconfig = QuantizationConfig(method, group_size=group_size, zero_point=method == "awq", sym=True,
