@@ -163,7 +163,8 @@ def _invalid_key(message: str) -> TenantError:
 async def _selected(slug: str) -> TenantRef:
     tenant = await _cache.tenant(slug=slug)
     if tenant is None:
-        raise TenantError(f"tenant not found: '{slug}'", 404, "tenant_not_found", param="X-Tenant-ID")
+        shown = slug if len(slug) <= 64 else slug[:64] + "..."  # a header can be kilobytes long
+        raise TenantError(f"tenant not found: '{shown}'", 404, "tenant_not_found", param="X-Tenant-ID")
     if not tenant.active:
         raise TenantError(f"Tenant '{slug}' is inactive.", 403, "tenant_inactive", param="X-Tenant-ID")
     return tenant
