@@ -30,6 +30,9 @@ HISTOGRAMS = {
     "e2e_request_latency_seconds": "Histogram of end to end request latency in seconds.",
     "request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
     "request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+    "request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+    "request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
+    "request_generation_tokens": "Number of generation tokens processed.",
 }
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),

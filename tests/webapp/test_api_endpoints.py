@@ -64,11 +64,17 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:request_time_per_output_token_seconds_bucket", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc",
-                 "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket"):
+                 "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
+                 "vllm:request_decode_time_seconds_bucket", "vllm:request_inference_time_seconds_bucket",
+                 "vllm:request_generation_tokens_bucket"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
     assert metric_value(text, ttft) == metric_value(before, ttft) + 1
-    for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count"):
+    for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
+                 "vllm:request_decode_time_seconds_count", "vllm:request_inference_time_seconds_count",
+                 "vllm:request_generation_tokens_count"):
         assert metric_value(text, name) == metric_value(before, name) + 1, name
+    tokens = "vllm:request_generation_tokens_sum"
+    assert metric_value(text, tokens) == metric_value(before, tokens) + 3  # max_tokens=3, ignore_eos
     assert metric_value(text, itl) == metric_value(before, itl) + 2  # 3 tokens: 2 gaps
     assert metric_value(text, "vllm:generation_tokens_total") >= metric_value(before, "vllm:generation_tokens_total") + 3
 

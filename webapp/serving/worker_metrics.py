@@ -23,6 +23,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)  # vLLM's 1-2-5
 HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bounds
     "time_to_first_token_seconds": TTFT_BUCKETS,
     "inter_token_latency_seconds": ITL_BUCKETS,
@@ -30,6 +31,9 @@ HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bou
     "e2e_request_latency_seconds": E2E_BUCKETS,
     "request_queue_time_seconds": E2E_BUCKETS,
     "request_prefill_time_seconds": E2E_BUCKETS,
+    "request_decode_time_seconds": E2E_BUCKETS,
+    "request_inference_time_seconds": E2E_BUCKETS,
+    "request_generation_tokens": TOKEN_BUCKETS,
 }
 ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",  # engine stats
                    "prefix_cache_queries_total", "prefix_cache_hits_total", "num_swapped_out_total")
@@ -75,6 +79,9 @@ class RequestMetrics:
         self.e2e = self.histograms["e2e_request_latency_seconds"]
         self.queue = self.histograms["request_queue_time_seconds"]  # arrival -> first scheduled
         self.prefill = self.histograms["request_prefill_time_seconds"]  # first scheduled -> first token
+        self.decode = self.histograms["request_decode_time_seconds"]  # first token -> last token
+        self.inference = self.histograms["request_inference_time_seconds"]  # first scheduled -> finished
+        self.generation_tokens = self.histograms["request_generation_tokens"]  # output tokens, all choices
         self.success: Counter[str] = Counter()
         # rid -> [time of first token, time of last token, tokens so far] (monotonic seconds)
         self._live: dict[str, list[float]] = {}
@@ -105,6 +112,11 @@ class RequestMetrics:
             arrival, done = metrics.get("arrival"), metrics.get("finished", step_time)
             if arrival is not None:
                 self.e2e.observe(max(0.0, done - arrival))
+            if "first_scheduled" in metrics:
+                self.inference.observe(max(0.0, done - metrics["first_scheduled"]))
+            if live is not None:
+                self.decode.observe(live[1] - live[0])
+                self.generation_tokens.observe(live[2])
             if live is not None and live[2] > 1:
                 self.tpot.observe((live[1] - live[0]) / (live[2] - 1))
 
