@@ -82,3 +82,34 @@ def test_metrics_use_vllm_names(stack):
 def test_index_page(stack):
     status, headers, body = http("GET", stack.base_url + "/")
     assert status == 200 and b"Tessera" in body
+
+
+def test_echo_with_logprobs_and_prompt_logprobs(stack):
+    """lm-eval-harness style scoring: ``echo`` + ``logprobs`` puts the prompt's tokens first; vLLM's
+    ``prompt_logprobs`` gives each prompt position's logprob (the first has none)."""
+    prompt = "The capital of France is Paris"
+    status, _, body = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": prompt})
+    prompt_ids = json.loads(body)["tokens"]
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 1,
+                            "temperature": 0, "ignore_eos": True})
+    assert status == 200, body
+    choice = json.loads(body)["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(prompt_ids) + 2 and "".join(lp["tokens"]) == choice["text"]
+    assert choice["text"].startswith(prompt)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2,
+                            "temperature": 0})
+    assert status == 200, body
+    positions = json.loads(body)["choices"][0]["prompt_logprobs"]
+    assert len(positions) == len(prompt_ids) and positions[0] is None
+    for token_id, position, echoed in zip(prompt_ids[1:], positions[1:], lp["token_logprobs"][1:]):
+        assert str(token_id) in position and len(position) <= 3  # the prompt's token and the top 2
+        assert abs(position[str(token_id)]["logprob"] - echoed) < 1e-4  # the same numbers both ways
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 1, "stream": True})
+    assert status == 400 and json.loads(body)["error"]["param"] == "echo"

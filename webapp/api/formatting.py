@@ -60,6 +60,33 @@ def completion_logprobs(positions: list[Position] | None, token_ids: list[int], 
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
+def echo_logprobs(prompt_positions: list[Position | None] | None, prompt_ids: list[int], prompt_text: str,
+                  positions: list[Position], token_ids: list[int], top_n: int) -> dict:
+    """Legacy ``logprobs`` for ``echo``: the prompt's tokens first (the first has ``null`` logprob
+    and top logprobs: nothing precedes it; its text is what the prompt's text has before the
+    others'), then the output's, text offsets running on through both."""
+    if not prompt_ids:
+        return completion_logprobs(positions, token_ids, top_n, 0)
+    prompt_positions = prompt_positions or [None] * len(prompt_ids)
+    rest = completion_logprobs([p or [] for p in prompt_positions[1:]], prompt_ids[1:], top_n, 0)
+    rest_text = "".join(rest["tokens"])
+    first = prompt_text[:len(prompt_text) - len(rest_text)] if prompt_text.endswith(rest_text) else ""
+    body = {"tokens": [first, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
+            "top_logprobs": [None, *rest["top_logprobs"]],
+            "text_offset": [0, *(o + len(first) for o in rest["text_offset"])]}
+    tail = completion_logprobs(positions, token_ids, top_n, len(first) + len(rest_text))
+    return {key: body[key] + tail[key] for key in body}
+
+
+def vllm_prompt_logprobs(prompt_positions: list[Position | None] | None) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt position ``None`` (the first) or ``{token_id:
+    {"logprob", "rank", "decoded_token"}}`` (the prompt's token and the top ones)."""
+    if prompt_positions is None:
+        return None
+    return [None if pos is None else {str(e[0]): {"logprob": _logprob(e[1]), "rank": e[2], "decoded_token": e[3]}
+                                      for e in pos} for pos in prompt_positions]
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens}

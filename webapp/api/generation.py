@@ -82,6 +82,7 @@ class Generation:
         self.cached_tokens = 0
         self.stream: GenerationStream | None = None
         self._prompts_run: set[int] = set()  # prompts the engine has produced something for
+        self._prompt_logprobs: dict[int, list] = {}  # prompt index -> its prompt logprobs (wire format)
 
     async def submit(self) -> None:
         """Check every prompt against a live worker's context and enqueue it.
@@ -136,15 +137,24 @@ class Generation:
                 "created": self.created, "model": self.model, "choices": choices, "usage": self._usage()}
 
     def _full_choice(self, c: ChoiceState) -> dict[str, Any]:
-        text = (self.prompts[c.prompt_index].text if self.options.echo else "") + c.text
+        prompt = self.prompts[c.prompt_index]
+        text = (prompt.text if self.options.echo else "") + c.text
+        prompt_logprobs = self._prompt_logprobs.get(c.prompt_index)
+        extra = {}
+        if self.options.sampling.get("prompt_logprobs") is not None and not self.options.echo_logprobs:
+            extra["prompt_logprobs"] = formatting.vllm_prompt_logprobs(prompt_logprobs)
         if self.chat:
             logprobs = formatting.chat_logprobs(c.pending_logprobs, c.pending_ids, self.top_n) if self.want_logprobs else None
             return {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-        logprobs = (formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n, 0)
-                    if self.want_logprobs else None)
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, **extra}
+        if self.options.echo_logprobs:
+            logprobs = formatting.echo_logprobs(prompt_logprobs, prompt.token_ids, prompt.text, c.pending_logprobs,
+                                                c.pending_ids, self.top_n)
+        else:
+            logprobs = (formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n, 0)
+                        if self.want_logprobs else None)
         return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason}
+                "stop_reason": c.stop_reason, **extra}
 
     # ---- streaming -----------------------------------------------------------------
     async def events(self) -> AsyncIterator[bytes]:
@@ -250,6 +260,8 @@ class Generation:
         """Fold a delta message into the choices; yields ``(choice, new_text)`` per output."""
         prompt_index = int(message["rid"].rsplit("-", 1)[1])
         self._prompts_run.add(prompt_index)
+        if message.get("prompt_logprobs") is not None:
+            self._prompt_logprobs[prompt_index] = message["prompt_logprobs"]
         if message.get("finished"):
             self.cached_tokens += message.get("num_cached_tokens", 0)
         for out in message["outputs"]:

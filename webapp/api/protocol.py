@@ -105,6 +105,8 @@ class GenerationOptions:
         include_usage: add a final usage chunk to the stream.
         sampling: keyword arguments of ``SamplingParams`` (``max_tokens`` None = fill the context).
         echo: completions only: prepend the prompt to the output.
+        echo_logprobs: completions only, with ``echo`` and ``logprobs``: the prompt's tokens lead the
+            legacy ``logprobs`` arrays (the first with ``null`` logprobs), as vLLM and OpenAI do.
         priority: vLLM's scheduling priority (lower runs earlier); the engine refuses values other
             than 0 unless it runs the ``priority`` scheduling policy.
     """
@@ -114,6 +116,7 @@ class GenerationOptions:
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
+    echo_logprobs: bool = False
     priority: int = 0
     # engine parameter name -> the body field the client sent it as (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
@@ -179,7 +182,10 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         "max_tokens": max_tokens,
         "skip_special_tokens": body.get("skip_special_tokens", bool, True),
         "spaces_between_special_tokens": body.get("spaces_between_special_tokens", bool, True),
+        "prompt_logprobs": body.get("prompt_logprobs", int, None),  # vLLM's extra
     }
+    if sampling["prompt_logprobs"] is not None and stream:
+        raise bad_request("'prompt_logprobs' with 'stream' is not supported yet.", param="prompt_logprobs")
     if sampling["top_k"] == 0:
         sampling["top_k"] = -1
     best_of = body.get("best_of", int, None)
@@ -255,6 +261,10 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         raise bad_request("'suffix' is not supported.", param="suffix")
     options.sampling["logprobs"] = body.get("logprobs", int, None)
     options.echo = body.get("echo", bool, False)
-    if options.echo and options.sampling["logprobs"] is not None:
-        raise bad_request("'echo' together with 'logprobs' is not supported yet.", param="echo")
+    if options.echo and options.sampling["logprobs"] is not None:  # the prompt's logprobs come first
+        if options.stream:
+            raise bad_request("'echo' with 'logprobs' and 'stream' is not supported yet.", param="echo")
+        options.echo_logprobs = True
+        options.sampling["prompt_logprobs"] = max(options.sampling["logprobs"],
+                                                  options.sampling["prompt_logprobs"] or 0)
     return options, prompts
