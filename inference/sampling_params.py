@@ -10,8 +10,14 @@ from .errors import InvalidRequestError
 MAX_LOGPROBS = 20
 MAX_N = 128  # samples per request; OpenAI's documented limit for ``n``
 SEED_RANGE = (-(2**63), 2**64 - 1)
-INTEGER_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")  # None: unset
+INTEGER_FIELDS = ("n", "top_k", "min_tokens")
+OPTIONAL_INTEGER_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
+BOOLEAN_FIELDS = ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass
@@ -73,6 +79,10 @@ class SamplingParams:
         if not isinstance(self.stop or [], (list, tuple)) or not all(isinstance(s, str) for s in self.stop or []):
             raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}.", param="stop")
         self.stop = list(self.stop or [])
+        for name in ("stop_token_ids", "eos_token_ids"):
+            if not isinstance(getattr(self, name) or [], (list, tuple)):
+                raise InvalidRequestError(f"{name} must be a list of token ids, got {getattr(self, name)!r}.",
+                                          param=name)
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias:
             try:
@@ -95,10 +105,16 @@ class SamplingParams:
         def bad(param: str, limit: str, value: object) -> None:
             raise InvalidRequestError(f"{param} must be {limit}, got {value!r}.", param=param)
 
-        for name in INTEGER_FIELDS:
+        for name in INTEGER_FIELDS + OPTIONAL_INTEGER_FIELDS:
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            if (value is not None or name in INTEGER_FIELDS) and not _is_integer(value):
                 bad(name, "an integer", value)
+        for name in BOOLEAN_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "true or false", getattr(self, name))
+        for name in ("stop_token_ids", "eos_token_ids"):
+            if not all(_is_integer(t) for t in getattr(self, name)):
+                bad(name, "a list of token ids", getattr(self, name))
         for name in NUMBER_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):

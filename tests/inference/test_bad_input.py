@@ -126,7 +126,8 @@ def test_bad_engine_arguments():
     ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", float("nan")),
     ("repetition_penalty", float("nan")), ("frequency_penalty", float("inf")), ("seed", 2**64), ("seed", -(2**63) - 1),
     ("stop", 5), ("stop", ["ok", 3]), ("seed", "x"), ("temperature", "hot"), ("max_tokens", 2.5), ("n", True),
-    ("logit_bias", {"a": 1}),
+    ("logit_bias", {"a": 1}), ("top_k", None), ("min_tokens", None), ("stop_token_ids", 5), ("stop_token_ids", ["a"]),
+    ("ignore_eos", "x"), ("include_stop_str_in_output", None), ("skip_special_tokens", 1), ("eos_token_ids", 5),
 ])
 def test_wrong_types_non_finite_and_out_of_range_values(field, value):
     with pytest.raises(InvalidRequestError) as info:

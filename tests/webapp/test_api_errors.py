@@ -76,6 +76,10 @@ def test_missing_messages_and_prompt(stack):
     null_content = {"model": MODEL, "messages": [{"role": "user", "content": None}]}
     error = _error(http("POST", stack.base_url + "/v1/chat/completions", null_content), 400)
     assert error["param"] == "messages" and "messages[0].content" in error["message"]
+    for part in ({"type": "text", "text": None}, {"type": "text", "text": 5}, {"type": "text"}):
+        bad_part = {"model": MODEL, "messages": [{"role": "user", "content": [part]}]}
+        error = _error(http("POST", stack.base_url + "/v1/chat/completions", bad_part), 400)
+        assert error["param"] == "messages" and "string 'text'" in error["message"], part
 
 
 def test_unknown_model_is_404(stack):

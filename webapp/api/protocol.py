@@ -218,9 +218,10 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
                                   param="messages")
             message = messages[i] = dict(message, content="")
         elif isinstance(content, list):  # content parts: keep the text ones
-            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content):
-                raise bad_request(f"'messages[{i}].content' may only hold text parts.", param="messages")
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
+                raise bad_request(f"'messages[{i}].content' may only hold text parts, each with a string "
+                                  "'text'.", param="messages")
             message = messages[i] = dict(message, content="".join(parts))
         elif not isinstance(content, str):
             raise bad_request(f"'messages[{i}].content' must be a string or an array of parts.",
