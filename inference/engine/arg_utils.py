@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,10 @@ class EngineArgs:
         if not self.kv_cache_space > 0:
             raise InvalidRequestError(f"kv_cache_space must be a positive number of GiB, got {self.kv_cache_space}.",
                                       param="kv_cache_space")
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        if self.kv_cache_space > host_gib:
+            raise InvalidRequestError(f"kv_cache_space={self.kv_cache_space} GiB is more than this machine's "
+                                      f"{host_gib:.1f} GiB of memory.", param="kv_cache_space")
         if self.scheduling_policy not in POLICIES:
             raise InvalidRequestError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
                                       f"{self.scheduling_policy!r}.", param="scheduling_policy")

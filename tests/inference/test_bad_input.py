@@ -116,7 +116,7 @@ def test_bad_engine_arguments():
         LLM(no_such_flag=1)
     assert info.value.param == "no_such_flag"
     for field, value in (("max_model_len", -5), ("max_model_len", 0), ("max_num_batched_tokens", 0),
-                         ("kv_cache_space", -1.0)):
+                         ("kv_cache_space", -1.0), ("kv_cache_space", 1e9)):
         with pytest.raises(InvalidRequestError) as info:  # refused before the model loads
             LLM(**{field: value})
         assert info.value.param == field and str(value) in str(info.value)
