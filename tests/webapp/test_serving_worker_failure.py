@@ -113,3 +113,30 @@ def test_requests_not_started_go_to_the_surviving_worker(two_workers):
         if status == 200:
             assert json.loads(raw)["usage"]["completion_tokens"] == 24
     assert s.redis.hlen(held_key) == 0
+
+
+def test_requests_not_started_wait_for_a_restarted_worker(tmp_path_factory):
+    """The only worker dies: its running request fails at once, the ones it had not started are
+    served by the worker that replaces it (as ``serve`` restarts it), not answered 503."""
+    s = Stack(tmp_path_factory.mktemp("restart"),
+              engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1",
+                           "--max-waiting-requests", "2"])
+    try:
+        body = dict(LONG, max_tokens=400)
+        calls = [asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body, None, 600) for _ in range(3)]
+
+        async def run():
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            deadline = time.monotonic() + 120
+            while not (s.worker_infos() and s.worker_infos()[0].get("stats", {}).get("num_waiting", 0) >= 2):
+                assert time.monotonic() < deadline, s.worker_infos()
+                await asyncio.sleep(0.2)
+            s.workers[0].kill()
+            await asyncio.sleep(6)  # past the heartbeat: the web sees no worker of the model for a while
+            s.add_worker()
+            return await asyncio.gather(*tasks)
+
+        statuses = sorted(status for status, _, _ in asyncio.run(run()))
+        assert statuses == [200, 200, 503], statuses
+    finally:
+        s.stop()

@@ -7,7 +7,9 @@ each request still has a fresh heartbeat (and, before any claim, that some worke
 model is live); if not, it raises :class:`WorkerLost` — so a client whose worker died gets
 an error within ``SILENCE_CHECK + HEARTBEAT_TTL`` seconds (about 5 s) instead of hanging.
 A request the dead worker had not started yet (still held, :mod:`.held`) is no loss: the
-other workers requeue it, and the stream waits for it.
+other workers requeue it, and the stream waits for it; when no worker of the model is live,
+requests that have not started wait up to ``NO_WORKER_GRACE`` seconds for one (``serve``
+restarts a worker that died) before the 503.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ from .replies import reply_router
 from .task_messages import enqueue
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
+# Seconds a request that has not started waits for some worker of its model to be live again
+# (``serve`` restarts a dead worker; an admin reload takes a while) before it is answered 503.
+NO_WORKER_GRACE = 120.0
 
 _redis_by_loop: dict[int, aioredis.Redis] = {}
 
@@ -89,6 +94,7 @@ class GenerationStream:
         self._arrived: asyncio.Future | None = None  # set when messages arrive
         self._owners: dict[str, str] = {}  # request id -> worker that claimed it
         self._unclaimed_strikes = 0
+        self._no_worker_since: float | None = None  # monotonic time since when no worker was live
         self._stopped = request_stopped.get()
 
     @property
@@ -168,14 +174,26 @@ class GenerationStream:
                 owned = [rid for rid, o in owners.items() if o == owner]
                 if not await self._requeued_or_held(redis, owner, owned):
                     raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
-                if not await model_workers(self.model):  # nobody left to requeue it
-                    raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
+                if not await model_workers(self.model):  # nobody left to requeue it (yet)
+                    self._no_worker()
         self._owners.update({rid: owner for rid, owner in owners.items() if owner and owner != registry.REQUEUED})
         vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
         self._unclaimed_strikes = self._unclaimed_strikes + 1 if vanished else 0
         if self._unclaimed_strikes >= 3:
             raise WorkerLost("The worker finished this request but its last messages were lost; retry it.")
         if any(o in (None, registry.REQUEUED) for o in owners.values()) and not await model_workers(self.model):
+            self._no_worker()
+        elif known:  # some worker of the model is live again
+            self._no_worker_since = None
+
+    def _no_worker(self) -> None:
+        """No worker of the model is live while requests of this stream have not started: they stay
+        queued (or held, and requeued by the next worker) for ``NO_WORKER_GRACE`` seconds, in case a
+        worker comes back (``serve`` restarts one that died); then :class:`WorkerLost`."""
+        now = time.monotonic()
+        if self._no_worker_since is None:
+            self._no_worker_since = now
+        if now - self._no_worker_since > NO_WORKER_GRACE:
             raise WorkerLost(f"No worker is serving model '{self.model}' now; retry later.")
 
     async def _requeued_or_held(self, redis: aioredis.Redis, owner: str, rids: list[str]) -> bool:
