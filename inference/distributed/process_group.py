@@ -44,7 +44,7 @@ class TensorParallelGroup:
         return self.rank == 0
 
     def shutdown(self) -> None:
-        """Release this rank's communicators (idempotent; nothing to do for gloo or one rank).
+        """Release this rank's communicators (idempotent; nothing to do for one rank).
 
         Every rank calls this when the engine closes (rank 0 after sending the ranks their stop
         message, the others on receiving it). Left to ``ProcessGroupNCCL``'s destructor, or through
@@ -54,7 +54,7 @@ class TensorParallelGroup:
         ``TEARDOWN_WAIT_S`` seconds so that closing an engine never hangs.
         """
         pg, self.pg = self.pg, None
-        if pg is None or not hasattr(pg, "abort"):  # gloo: its sockets close with the process
+        if pg is None or not hasattr(pg, "abort"):  # one rank, or a torch without abort()
             return
         done = threading.Event()
 

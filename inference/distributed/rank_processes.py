@@ -51,18 +51,15 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _send_stop(connections: list) -> None:
+def _end_processes(processes: list, connections: list, group=None) -> None:
+    """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs, then terminate
+    and kill what is left (also run by the finalizer when the engine is garbage-collected, so it must
+    not refer to the ``RankProcesses`` object)."""
     for conn in connections:
         try:
             conn.send_bytes(b"")
         except (OSError, ValueError):
             pass
-
-
-def _end_processes(processes: list, connections: list, group=None) -> None:
-    """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs, then terminate and kill what is left (also run by the finalizer when
-    the engine is garbage-collected, so it must not refer to the ``RankProcesses`` object)."""
-    _send_stop(connections)
     if group is not None:
         group.shutdown()
     deadline = time.monotonic() + STOP_WAIT_S
