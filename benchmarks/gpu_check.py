@@ -62,8 +62,12 @@ def compare(a, b) -> dict:
     for (lx, ly, fd) in zip(a[1], b[1], first_diff):
         end = len(lx) if fd is None else fd + 1
         diff = max(diff, max((abs(p - q) for p, q in zip(lx[:end], ly[:end])), default=0.0))
+    first = [(lx[0], ly[0]) for lx, ly in zip(a[1], b[1]) if lx and ly]
     return {"identical_requests": same, "requests": len(a[0]), "first_divergence": first_diff,
-            "max_abs_logprob_diff_common_prefix": diff}
+            "max_abs_logprob_diff_common_prefix": diff,
+            # how peaked the distributions are: near 0 = saturated logits (a check that says little)
+            "mean_first_token_logprob": [sum(x for x, _ in first) / max(1, len(first)),
+                                         sum(y for _, y in first) / max(1, len(first))]}
 
 
 CHECKS = ("graphs", "triton", "async", "prefix", "swap")

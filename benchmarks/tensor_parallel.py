@@ -97,11 +97,16 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true", help="the greedy check only")
     parser.add_argument("--quantization", choices=["awq", "gptq", "fp8"], default=None,
                         help="quantize the dummy weights (awq/gptq: random 4-bit codes, groups of 128; fp8: at load)")
+    parser.add_argument("--unquantized-reference", action="store_true",
+                        help="with --quantization fp8: also compare every TP size with an unquantized TP=1 run "
+                             "on the same dummy weights (tells FP8's own noise from the tensor-parallel split)")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--role", choices=["check", "throughput"], help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.unquantized_reference and args.quantization != "fp8":
+        parser.error("--unquantized-reference needs --quantization fp8 (awq/gptq dummy weights are other random codes)")
     if args.role:
         child(args)
         return
@@ -114,13 +119,23 @@ def main() -> None:
               "model": args.model, "quantization": args.quantization, "tp_sizes": sizes, "check": {},
               "throughput": {}}
     checks = {tp: run_child(argv, "check", tp) for tp in sizes}
+    if args.quantization and args.unquantized_reference:
+        plain = [a for a in argv if a != args.quantization and a != "--quantization"]
+        unquantized = run_child(plain, "check", 1)
+        result["check_vs_unquantized_tp1"] = {
+            f"tp{tp}": compare((unquantized["tokens"], unquantized["logprobs"]), (c["tokens"], c["logprobs"]))
+            for tp, c in checks.items()}
+        for name, summary in result["check_vs_unquantized_tp1"].items():
+            print(f"[{name} {args.quantization}] vs unquantized tp=1: {summary['identical_requests']}/"
+                  f"{summary['requests']} identical, first divergences {summary['first_divergence']}")
     reference = checks[sizes[0]]
     for tp in sizes:
         summary = compare((reference["tokens"], reference["logprobs"]), (checks[tp]["tokens"], checks[tp]["logprobs"]))
         summary.update(seconds=checks[tp]["seconds"], blocks_all_free=checks[tp]["blocks_all_free"])
         result["check"][f"tp{tp}"] = summary
         print(f"[tp={tp}] greedy check ({args.check_dtype}): {summary['identical_requests']}/{summary['requests']} "
-              f"requests identical to tp={sizes[0]}, max |logprob diff| {summary['max_abs_logprob_diff_common_prefix']:.2e}")
+              f"requests identical to tp={sizes[0]}, max |logprob diff| {summary['max_abs_logprob_diff_common_prefix']:.2e}, "
+              f"mean first-token logprob {summary['mean_first_token_logprob'][1]:.3f}")
     for tp in [] if args.skip_throughput else sizes:
         result["throughput"][f"tp{tp}"] = ours = run_child(argv, "throughput", tp)
         print(f"[tp={tp}] W1 {args.dtype}: {ours['output_tokens_per_s']:.1f} output tok/s ({ours['seconds']:.1f} s), "

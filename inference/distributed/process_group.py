@@ -47,11 +47,11 @@ class TensorParallelGroup:
         """Release this rank's communicators (idempotent; nothing to do for one rank).
 
         Every rank calls this when the engine closes (rank 0 after sending the ranks their stop
-        message, the others on receiving it). Left to ``ProcessGroupNCCL``'s destructor, or through
-        its graceful ``shutdown()``, the teardown of communicators that CUDA graphs captured never
-        returned on two H200s, in rank 0 nor in rank 1, so the communicators are aborted
-        (``ncclCommAbort``: no collective is pending by then), on a thread that is given up on after
-        ``TEARDOWN_WAIT_S`` seconds so that closing an engine never hangs.
+        message, the others on receiving it). The teardown of communicators whose all-reduces live
+        in CUDA graphs never returns (pytorch/pytorch#115388; seen on two H200s in every rank), so
+        each rank destroys its graphs first (``CudaGraphRunner.release``). The communicators are then
+        aborted (``ncclCommAbort``: no collective is pending by then) on a thread that is given up on
+        after ``TEARDOWN_WAIT_S`` seconds, so that closing an engine never hangs whatever NCCL does.
         """
         pg, self.pg = self.pg, None
         if pg is None or not hasattr(pg, "abort"):  # one rank, or a torch without abort()

@@ -51,10 +51,13 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _end_processes(processes: list, connections: list, group=None) -> None:
+def _end_processes(processes: list, connections: list, group=None, before_shutdown=None) -> None:
     """Ask every rank to stop, shut rank 0's ``group`` down while the ranks do theirs, then terminate
     and kill what is left (also run by the finalizer when the engine is garbage-collected, so it must
-    not refer to the ``RankProcesses`` object)."""
+    not refer to the ``RankProcesses`` object). ``before_shutdown`` (rank 0's CUDA graph release)
+    runs first."""
+    if before_shutdown is not None:
+        before_shutdown()
     for conn in connections:
         try:
             conn.send_bytes(b"")
@@ -188,11 +191,13 @@ class RankProcesses:
         self.close()
         return self.failed
 
-    def set_group(self, group) -> None:
+    def set_group(self, group, before_shutdown=None) -> None:
         """Rank 0's ``TensorParallelGroup``: from now on, ending the ranks also shuts it down, at the same
-        time as theirs."""
+        time as theirs, after calling ``before_shutdown()`` (which must not refer to this object or to
+        its owner, or the finalizer would keep them alive)."""
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _end_processes, self.processes, self.connections, group)
+        self._finalizer = weakref.finalize(self, _end_processes, self.processes, self.connections, group,
+                                           before_shutdown)
 
     def close(self) -> None:
         """End every rank (a stop message, then terminate/kill after ``STOP_WAIT_S``); idempotent."""

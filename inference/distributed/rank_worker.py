@@ -73,6 +73,7 @@ def rank_main(config, rank: int, world_size: int, port: int, conn, num_kv_blocks
         while True:
             payload = conn.recv_bytes()
             if not payload:
+                runner.release_graphs()
                 group.shutdown()  # with rank 0's (see TensorParallelGroup.shutdown)
                 break
             step += 1

@@ -40,6 +40,8 @@ class TensorParallelRunner(ModelRunner):
             group = join_group(0, world_size, config.device, store=self.ranks.store)
             self.ranks.set_group(group)
             super().__init__(config, num_kv_blocks, tp=group)
+            if self.graph_runner is not None:  # graphs go before the communicators, however the engine ends
+                self.ranks.set_group(group, self.graph_runner.release)
             self.ranks.wait_for("ready")
         except TensorParallelError:
             self.close()

@@ -85,7 +85,21 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         logger.info("Captured CUDA graphs for decode batch sizes %s", self.sizes)
 
+    def release(self) -> None:
+        """Destroy the captured graphs (idempotent). Must run before the tensor-parallel communicators
+        are torn down: graphs holding captured NCCL all-reduces keep ``ncclCommAbort``/destroy from
+        returning (pytorch/pytorch#115388); the runner falls back to eager steps afterwards."""
+        if not self.graphs:
+            return
+        torch.cuda.synchronize()
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     def can_run(self, inputs: ModelInput) -> bool:
+        if not self.graphs:
+            return False
         return inputs.meta.decode_only and 0 < inputs.input_ids.shape[0] <= self.max_batch
 
     def run(self, inputs: ModelInput) -> torch.Tensor:

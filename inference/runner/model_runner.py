@@ -219,6 +219,12 @@ class ModelRunner:
             result[request_id] = (ids, values, ranks)
         return result
 
+    def release_graphs(self) -> None:
+        """Destroy the captured CUDA graphs (idempotent; later decode steps run eagerly). Tensor-parallel
+        ranks call it before tearing down their communicators (see ``CudaGraphRunner.release``)."""
+        if self.graph_runner is not None:
+            self.graph_runner.release()
+
     def close(self) -> None:
         """Release what the runner holds outside this process (nothing for a single rank)."""
 

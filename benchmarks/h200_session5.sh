@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Fourth H200 session: the steps named on the command line, in order, in one call, e.g.
-#   bash benchmarks/h200_session4.sh tp-small tp quant        (nvidia-h200-x2: the TP steps need 2 GPUs)
+# H200 device calls (sessions 4-5): the steps named on the command line, in order, in one call, e.g.
+#   bash benchmarks/h200_session5.sh tp-small tp quant        (nvidia-h200-x2: the TP steps need 2 GPUs)
 # Steps:
 #   tp-small  TP=1 vs TP=2 on the Qwen2.5-0.5B shape: a few greedy requests + a short W1 (does TP run at all)
 #   tp        TP=1 vs TP=2 on the Qwen2.5-7B shape: greedy tokens (float32) + W1 side by side
 #   tp-fp8    TP=1 vs TP=2 with --quantization fp8 on the Qwen2.5-7B shape: greedy tokens
+#   tp-awq    the same with AWQ (random 4-bit codes) in float16
 #   quant     W4A16/FP8 decode latency vs bf16 (Qwen2.5-7B shape), FP8 W1 vs bf16 W1
 #   w1peer    W1 (async scheduling) and the transformers peer in the same call
+#   w2peer    W2 (nano-vllm's workload, Qwen2.5-0.5B shape) and the transformers peer's W2 in the same call
 #   w3        W3 latency (50 x 1000 in / 2000 out, median TPOT)
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
@@ -30,6 +32,7 @@ run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
   local rc=$?
   echo "== $name rc=$rc $(date +%T)"
   grep -v -e tokenizer -e "^INFO" -e Warn -e _warn "$OUT/$name.log" | tail -n 25
+  echo "== $name: NCCL teardown given up $(grep -c 'did not return within' "$OUT/$name.log") time(s)"
   pkill -9 -f "benchmarks/[a-z_]*\.py|hf_peer|multiprocessing.spawn" 2>/dev/null; sleep 2
 }
 
@@ -38,10 +41,12 @@ for step in "$@"; do
   tp-small) run_step tp-small 150 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-0.5b \
       --check-prompts 4 --check-tokens 16 --num-prompts 64 --input-len 256 --output-len 64 \
       --output-json "$OUT/tensor_parallel_small.json" ;;
-  tp) run_step tp 270 python3 benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
+  tp) run_step tp 420 python3 benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
       --output-json "$OUT/tensor_parallel.json" ;;
   tp-fp8) run_step tp-fp8 180 python3 benchmarks/tensor_parallel.py --model $M7 --quantization fp8 --check-prompts 8 \
-      --check-tokens 32 --check-dtype bfloat16 --skip-throughput --output-json "$OUT/tensor_parallel_fp8.json" ;;
+      --check-tokens 32 --check-dtype bfloat16 --skip-throughput --unquantized-reference --output-json "$OUT/tensor_parallel_fp8.json" ;;
+  tp-awq) run_step tp-awq 180 python3 benchmarks/tensor_parallel.py --model $M7 --quantization awq --check-prompts 8 \
+      --check-tokens 32 --check-dtype float16 --skip-throughput --output-json "$OUT/tensor_parallel_awq.json" ;;
   quant)
     run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
       --output-json "$OUT/quantization.json"
@@ -56,6 +61,11 @@ for step in "$@"; do
   w1peer)
     run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json"
     (cd peer && OUT="$OUT" run_step peer-w1 220 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 --outlen 512) ;;
+  w2peer)
+    run_step w2 120 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --output-json "$OUT/w2.json"
+    (cd peer && OUT="$OUT" run_step peer-w2 300 python3 hf_peer_w2.py qwen0.5b) ;;
   w3) run_step w3 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none --model $M7 \
       --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --output-json "$OUT/w3.json" ;;
