@@ -73,6 +73,8 @@ class Fp8LinearMethod(LinearMethodBase):
             # A row-major [T, K] times the column-major view [K, N] of the row-major weight.
             out = torch._scaled_mm(x_codes, layer.weight.t(), scale_a=x_scales,
                                    scale_b=layer.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
-            return out.to(x.dtype)
-        w = layer.weight.float() * layer.weight_scale[:, None]
-        return torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)
+            out = out.to(x.dtype)
+        else:
+            w = layer.weight.float() * layer.weight_scale[:, None]
+            out = torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)
+        return out if layer.bias is None else out + layer.bias.to(out.dtype)

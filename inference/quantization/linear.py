@@ -29,7 +29,7 @@ class LinearMethodBase(ABC):
     Subclasses register their parameters on the layer in ``create_weights`` under the checkpoint's
     names (``qweight``, ``scales``, ...), say how each is split along the output features
     (``output_dim``), convert them once loaded (``process_weights_after_loading``), and compute
-    ``apply(layer, x [T, K]) -> [T, N]`` in ``x.dtype``.
+    ``apply(layer, x [T, K]) -> x W^T + layer.bias`` (``[T, N]`` in ``x.dtype``; a kernel may fuse the bias).
     """
 
     @abstractmethod
@@ -123,8 +123,6 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x.reshape(-1, self.in_features))
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
