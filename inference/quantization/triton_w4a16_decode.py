@@ -8,7 +8,9 @@ its eight nibble slots into a ``[16, BLOCK_N]`` weight slice that one ``tl.dot``
 consecutive activation columns: the internal K-tiled layout (``packing.pack_ktiled``) puts input row
 ``128t + 16i + r`` in slot ``i`` of word row ``16t + r`` precisely so that no nibble is reshuffled.
 Scales and zero points are read once per group (once per K tile for groups of 128 or more) and folded
-into one multiply-add per weight: ``w = code * s - z * s``.
+into one multiply-add per weight: ``w = code * s - z * s``; codes become floats through the exponent
+trick (``float_bits(0x4B000000 | code) - 2^23``, as in Kim et al., 2022, "Who Says Elephants Can't Run",
+arXiv:2211.10017) rather than integer-to-float conversions, which run at 1/8 of the FMA rate.
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
@@ -83,7 +85,8 @@ def _w4a16_decode_kernel(
             if GROUP_SIZE % 128 != 0:  # groups of 16..112 rows, or not aligned to the tile: per slice
                 s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t * 128 + i * 16) // GROUP_SIZE, G - 1),
                                       offs_n, mask_n, N)
-            codes = ((packed >> (4 * i)) & 0xF).to(tl.float32)
+            # 2^23 + code as float32 bits (one LOP3), minus 2^23 exactly: no slow int-to-float conversion
+            codes = (((packed >> (4 * i)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
             w = (codes * s[None, :] - zs[None, :]).to(x.dtype)
             acc += tl.dot(x, w, input_precision=DOT_PRECISION)
 
@@ -119,18 +122,21 @@ class DecodeConfig:
     block_n: int
     split_k: int
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 4
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs: 128-wide tiles when there are enough of
-    them (64 otherwise), and K split so that the grid covers about two waves of programs, each of at
-    least two K tiles (256 input rows). Untuned beyond this heuristic; ``benchmarks/quantization.py
-    --sweep`` measures the alternatives."""
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, from a bandwidth argument (untuned; the
+    benchmark's ``--sweep`` measures the alternatives): about four programs per SM, so that enough
+    weight loads are in flight; K split for that, but each program keeps at least two 128-row K tiles
+    and the float32 partial sums (``split * M * N * 4`` bytes) stay under about a quarter of the int4
+    weight bytes (``K * N / 2``); 128-wide output tiles unless that leaves too few programs."""
     k_tiles = triton.cdiv(K, PACK_K)
-    block_n = 128 if triton.cdiv(N, 128) >= num_sms // 2 else 64
+    split_cap = max(1, min(k_tiles // 2, K // (32 * M)))
+    target = 4 * num_sms
+    block_n = 128 if triton.cdiv(N, 128) * split_cap >= target // 2 else 64
     tiles = triton.cdiv(N, block_n)
-    split_k = max(1, min(triton.cdiv(k_tiles, 2), (2 * num_sms) // tiles))
+    split_k = max(1, min(split_cap, triton.cdiv(target, tiles)))
     return DecodeConfig(block_n=block_n, split_k=split_k)
 
 
