@@ -18,8 +18,10 @@ output in ``x.dtype``: one launch per linear, deterministic, no memset, safe ins
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
-(``int4.Int4LinearMethod``). The split-K decode GEMV with in-kernel dequantization follows the design
-of Marlin (Frantar et al., 2024, arXiv:2408.11743) and of vLLM's GPTQ/AWQ GEMV kernels, simplified.
+(``int4.Int4LinearMethod``). Sources: the reduction by the last-arriving program is the "fixup" of
+stream-K (Osama et al., 2023, arXiv:2301.03598) on a plain split-K grid; the weight layout chosen so
+that unpacking needs no shuffle is the idea behind Marlin's offline repacking (Frantar et al., 2024,
+arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def _w4a16_decode_kernel(
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_rows = tl.zeros((16, BLOCK_N), dtype=tl.float32)  # BLOCK_M == 1: per-row FMAs, summed at the end
     first = pid_k * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
     for t in range(first, last):
@@ -87,8 +90,13 @@ def _w4a16_decode_kernel(
                                       offs_n, mask_n, N)
             # 2^23 + code as float32 bits (one LOP3), minus 2^23 exactly: no slow int-to-float conversion
             codes = (((packed >> (4 * i)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            w = (codes * s[None, :] - zs[None, :]).to(x.dtype)
-            acc += tl.dot(x, w, input_precision=DOT_PRECISION)
+            w = codes * s[None, :] - zs[None, :]
+            if BLOCK_M == 1:  # one row: a GEMV in float32 FMAs, no tensor cores, no layout conversion
+                acc_rows += w * tl.trans(x.to(tl.float32))
+            else:
+                acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+    if BLOCK_M == 1:
+        acc = tl.sum(acc_rows, axis=0)[None, :]
 
     out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
@@ -117,12 +125,14 @@ def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HA
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages."""
+    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages,
+    and whether a single row takes the FMA GEMV (``gemv``) rather than 16-row ``tl.dot`` tiles."""
 
     block_n: int
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    gemv: bool = True
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
@@ -168,7 +178,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    block_m = 16 if M <= 16 else 32
+    block_m = 1 if M == 1 and config.gemv else 16 if M <= 16 else 32
     k_tiles = triton.cdiv(K, PACK_K)
     tiles_per_split = triton.cdiv(k_tiles, config.split_k)
     split_k = triton.cdiv(k_tiles, tiles_per_split)

@@ -45,20 +45,21 @@ def test_ktiled_packing_round_trips_and_puts_16_consecutive_rows_in_each_slot():
 
 
 # K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks.
-@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype", [
-    (1, 256, 64, 128, 1, torch.float32),
-    (1, 320, 96, 32, 2, torch.float32),
-    (17, 320, 64, 64, 3, torch.float32),
-    (5, 384, 64, 192, 2, torch.bfloat16),
-    (32, 128, 32, 128, 1, torch.bfloat16),
+@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, gemv", [
+    (1, 256, 64, 128, 1, torch.float32, True),
+    (1, 320, 96, 32, 2, torch.float32, True),
+    (1, 320, 96, 32, 2, torch.bfloat16, False),
+    (17, 320, 64, 64, 3, torch.float32, True),
+    (5, 384, 64, 192, 2, torch.bfloat16, True),
+    (32, 128, 32, 128, 1, torch.bfloat16, True),
 ])
-def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype):
+def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, gemv):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
     expected = x.float() @ dense.to(dtype).float() + bias.float()
-    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(32, split_k))
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(32, split_k, gemv=gemv))
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
