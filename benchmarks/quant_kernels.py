@@ -140,14 +140,14 @@ def _sweep(layers, x: torch.Tensor, num_sms: int, DecodeConfig, w4a16_decode) ->
     k_tiles = -(-K // packing.PACK_K)
     timings = {}
     gemvs = (True, False) if x.shape[0] == 1 else (False,)
-    for block_n, split_k, stages, gemv in itertools.product(SWEEP_BLOCK_N, SWEEP_SPLIT_K, SWEEP_STAGES, gemvs):
-        if split_k > k_tiles:
+    for block_n, split_k, stages, warps, gemv in itertools.product(SWEEP_BLOCK_N, SWEEP_SPLIT_K, SWEEP_STAGES,
+                                                                   (4, 8), gemvs):
+        if split_k > k_tiles or (warps == 8 and block_n < 128):
             continue
-        config = DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4 if block_n <= 128 else 8,
-                              num_stages=stages, gemv=gemv)
+        config = DecodeConfig(block_n=block_n, split_k=split_k, num_warps=warps, num_stages=stages, gemv=gemv)
         calls = [lambda i=i: w4a16_decode(x, i.qweight, i.scales, i.qzeros, 128, counters=i.split_k_counters,
                                           config=config) for _, i, _ in layers]
-        timings[f"n{block_n}_s{split_k}_st{stages}{'_gemv' if gemv else ''}"] = _graph_ms(calls)
+        timings[f"n{block_n}_s{split_k}_st{stages}_w{warps}{'_gemv' if gemv else ''}"] = _graph_ms(calls)
     best = min(timings, key=timings.get)
     return {"best": best, "best_ms": timings[best], "ms": timings}
 

@@ -37,10 +37,14 @@ MAX_DECODE_ROWS = 32  # rows (tokens) this kernel serves; more go to the prefill
 
 
 @triton.jit
-def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N):
+def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.constexpr):
     # scales_ptr: [G, N] float16 contiguous; qzeros_ptr: [G, N/8] int32, column n in bits 4(n%8).. of word n//8
-    s = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
+    if EVEN_N:
+        s = tl.load(scales_ptr + group * N + offs_n).to(tl.float32)
+        zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8)
+    else:
+        s = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
     z = ((zp >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
     return s, z * s
 
@@ -59,6 +63,7 @@ def _w4a16_decode_kernel(
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,  # K % 128 == 0, N % BLOCK_N == 0: loads need no bounds mask
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -70,13 +75,17 @@ def _w4a16_decode_kernel(
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_rows = tl.zeros((16, BLOCK_N), dtype=tl.float32)  # BLOCK_M == 1: per-row FMAs, summed at the end
     first = pid_k * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
     for t in range(first, last):
-        packed = tl.load(qweight_ptr + (t * 16 + offs_r)[:, None].to(tl.int64) * N + offs_n[None, :],
-                         mask=mask_n[None, :], other=0)                          # [16, BLOCK_N]
-        s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N)
+        w_ptrs = qweight_ptr + (t * 16 + offs_r)[:, None].to(tl.int64) * N + offs_n[None, :]
+        if EVEN_N:
+            packed = tl.load(w_ptrs)                                               # [16, BLOCK_N]
+        else:
+            packed = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
+        packed = packed.to(tl.uint32, bitcast=True)                              # logical shifts below
+        s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N,
+                              EVEN_N)
         for i in tl.static_range(8):
             offs_k = t * 128 + i * 16 + offs_r                                    # 16 consecutive input rows
             mask_k = offs_k < K
@@ -84,29 +93,43 @@ def _w4a16_decode_kernel(
                 cols = tl.load(perm_ptr + offs_k, mask=mask_k, other=0)
             else:
                 cols = offs_k
-            x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             if GROUP_SIZE % 128 != 0:  # groups of 16..112 rows, or not aligned to the tile: per slice
                 s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t * 128 + i * 16) // GROUP_SIZE, G - 1),
-                                      offs_n, mask_n, N)
-            # 2^23 + code as float32 bits (one LOP3), minus 2^23 exactly: no slow int-to-float conversion
-            codes = (((packed >> (4 * i)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            w = codes * s[None, :] - zs[None, :]
-            if BLOCK_M == 1:  # one row: a GEMV in float32 FMAs, no tensor cores, no layout conversion
-                acc_rows += w * tl.trans(x.to(tl.float32))
+                                      offs_n, mask_n, N, EVEN_N)
+            # Nibble i masked in place (slots 5..7 from the word shifted right by 12) under the exponent of
+            # 2^23: float32 2^23 + code * 16^j exactly (j = i or i - 3; one LOP3), minus 2^23, times
+            # s / 16^j (exact): the code's weight without an int-to-float conversion.
+            if i < 5:
+                nibble = packed & (0xF << (4 * i))
+                unit = 1.0 / (1 << (4 * i))
             else:
-                acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
-    if BLOCK_M == 1:
-        acc = tl.sum(acc_rows, axis=0)[None, :]
+                nibble = (packed >> 12) & (0xF << (4 * (i - 3)))
+                unit = 1.0 / (1 << (4 * (i - 3)))
+            codes = (nibble | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            w = codes * (s * unit)[None, :] - zs[None, :]
+            if EVEN_K:
+                x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None], other=0.0)
+            else:
+                x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
 
+    _finish(acc, pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
+            partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
+
+
+@triton.jit
+def _finish(acc, pid_k, tile, offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr, partial_ptr, counter_ptr, out_ptr,
+            SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Split-K epilogue: partial sums to the workspace; the last split of the tile to arrive adds them in
+    # split order (deterministic), adds the bias, writes the output and resets the tile's counter.
     out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
         tl.store(partial_ptr + pid_k.to(tl.int64) * M * N + out_offs, acc, mask=mask_out)
         tl.debug_barrier()  # every thread's partial is written before the release below
-        tile = pid_m * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:  # the last split of this tile: reduce in split order
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros(acc.shape, dtype=tl.float32)
             for split in range(SPLIT_K):
                 acc += tl.load(partial_ptr + split * M * N + out_offs, mask=mask_out, other=0.0,
                                cache_modifier=".cg")
@@ -114,6 +137,60 @@ def _w4a16_decode_kernel(
             tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HAS_BIAS)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr,        # [1, K] activations (float16/bfloat16/float32), unit column stride
+    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled: word row 16t+r, slot i <- input row 128t+16i+r
+    scales_ptr,   # [G, N] float16 contiguous
+    qzeros_ptr,   # [G, N/8] int32 contiguous, packed along N
+    perm_ptr,     # [K] int64 (HAS_PERM): activation column that feeds input row k
+    bias_ptr,     # [N] (HAS_BIAS)
+    partial_ptr,  # [SPLIT_K, 1, N] float32 workspace (SPLIT_K > 1)
+    counter_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero on entry, left zero (SPLIT_K > 1)
+    out_ptr,      # [1, N] in x's dtype
+    N, K, G, tiles_per_split,
+    GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    # One row, groups a multiple of 128 rows: a K tile shares one scale and zero per column, so
+    # sum_k x_k (c_kn s_n - z_n s_n) = s_n sum_k x_k c_kn - z_n s_n sum_k x_k: 4 instructions a weight.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, 16)
+    slots = tl.arange(0, 8)
+    shifts = (slots * 4).to(tl.uint32)[:, None, None]                       # [8, 1, 1]
+    mask_n = offs_n < N
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    first = pid_k * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
+    for t in range(first, last):
+        w_ptrs = qweight_ptr + (t * 16 + offs_r)[:, None].to(tl.int64) * N + offs_n[None, :]
+        if EVEN_N:
+            packed = tl.load(w_ptrs)
+        else:
+            packed = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
+        packed = packed.to(tl.uint32, bitcast=True)                              # [16, BLOCK_N]
+        offs_k = t * 128 + slots[:, None] * 16 + offs_r[None, :]                # [8, 16]: slot i, word row r
+        if HAS_PERM:
+            cols = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
+        else:
+            cols = offs_k
+        if EVEN_K:
+            x = tl.load(x_ptr + cols).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + cols, mask=offs_k < K, other=0.0).to(tl.float32)
+        codes = (((packed[None, :, :] >> shifts) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        cx = tl.sum(codes * x[:, :, None], axis=0)                              # [16, BLOCK_N]
+        s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N,
+                              EVEN_N)
+        acc += cx * s[None, :] - tl.sum(x, axis=0)[:, None] * zs[None, :]
+    out = tl.sum(acc, axis=0)[None, :]
+    offs_m = tl.arange(0, 1)
+    _finish(out, pid_k, pid_n, offs_m, offs_n, offs_m < 1, mask_n, 1, N, bias_ptr, partial_ptr, counter_ptr, out_ptr,
+            SPLIT_K, HAS_BIAS)
 
 
 @triton.jit
@@ -125,19 +202,22 @@ def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HA
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages,
-    and whether a single row takes the FMA GEMV (``gemv``) rather than 16-row ``tl.dot`` tiles."""
+    """Launch parameters of the decode kernels: output tile width, K split, warps and pipeline stages,
+    and whether a single row takes the FMA GEMV kernel (``gemv``; groups of a multiple of 128 rows only)
+    rather than 16-row ``tl.dot`` tiles."""
 
     block_n: int
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    gemv: bool = True
+    gemv: bool = False
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, from a bandwidth argument (untuned; the
-    benchmark's ``--sweep`` measures the alternatives): about four programs per SM, so that enough
+    benchmark's ``--sweep`` measures the alternatives, the FMA GEMV for one row among them: Triton does
+    not software-pipeline its loads, so the 16-row ``tl.dot`` path, whose loads it pipelines through
+    shared memory, is the default even for one row): about four programs per SM, so that enough
     weight loads are in flight; K split for that, but each program keeps at least two 128-row K tiles
     and the float32 partial sums (``split * M * N * 4`` bytes) stay under about a quarter of the int4
     weight bytes (``K * N / 2``); 128-wide output tiles unless that leaves too few programs."""
@@ -147,7 +227,8 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     block_n = 128 if triton.cdiv(N, 128) * split_cap >= target // 2 else 64
     tiles = triton.cdiv(N, block_n)
     split_k = max(1, min(split_cap, triton.cdiv(target, tiles)))
-    return DecodeConfig(block_n=block_n, split_k=split_k)
+    # 8 warps at 128 columns: 75 registers a thread on sm_90 (147 with 4), so more programs fit per SM.
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=8 if block_n >= 128 else 4)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
@@ -178,7 +259,8 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    block_m = 1 if M == 1 and config.gemv else 16 if M <= 16 else 32
+    gemv = config.gemv and M == 1 and group_size % PACK_K == 0
+    block_m = 16 if M <= 16 else 32
     k_tiles = triton.cdiv(K, PACK_K)
     tiles_per_split = triton.cdiv(k_tiles, config.split_k)
     split_k = triton.cdiv(k_tiles, tiles_per_split)
@@ -191,12 +273,20 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
             counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
         if counters.numel() < grid[0] * grid[1]:
             raise ValueError(f"W4A16 decode kernel: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    if gemv:
+        _w4a16_gemv_kernel[(grid[0], split_k)](
+            x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
+            partial, counters if counters is not None else qweight, out, N, K, scales.shape[0], tiles_per_split,
+            GROUP_SIZE=group_size, BLOCK_N=config.block_n, SPLIT_K=split_k, HAS_PERM=perm is not None,
+            HAS_BIAS=bias is not None, EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+        return out
     _w4a16_decode_kernel[grid](
         x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
         partial, counters if counters is not None else qweight, out,
         M, N, K, scales.shape[0], x.stride(0), tiles_per_split,
         GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=split_k,
-        HAS_PERM=perm is not None, HAS_BIAS=bias is not None,
+        HAS_PERM=perm is not None, HAS_BIAS=bias is not None, EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out

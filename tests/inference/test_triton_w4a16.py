@@ -47,7 +47,8 @@ def test_ktiled_packing_round_trips_and_puts_16_consecutive_rows_in_each_slot():
 # K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks.
 @pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, gemv", [
     (1, 256, 64, 128, 1, torch.float32, True),
-    (1, 320, 96, 32, 2, torch.float32, True),
+    (1, 384, 80, 128, 2, torch.bfloat16, True),
+    (1, 256, 64, 128, 2, torch.float32, False),
     (1, 320, 96, 32, 2, torch.bfloat16, False),
     (17, 320, 64, 64, 3, torch.float32, True),
     (5, 384, 64, 192, 2, torch.bfloat16, True),
@@ -64,15 +65,16 @@ def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
 
-def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero():
-    K, N, group_size = 256, 64, 32
+@pytest.mark.parametrize("M, gemv", [(3, False), (1, True)])
+def test_decode_kernels_gather_act_order_columns_and_leave_their_counters_at_zero(M, gemv):
+    K, N, group_size = 256, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     perm = torch.randperm(K, device=DEVICE)
     counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
-    x = torch.randn(3, K, device=DEVICE)
+    x = torch.randn(M, K, device=DEVICE)
     for _ in range(2):  # the second call finds the counters the first one left
         out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
-                           config=DecodeConfig(32, 2))
+                           config=DecodeConfig(32, 2, gemv=gemv))
         torch.testing.assert_close(out, x[:, perm] @ dense, **TOL[torch.float32])
     assert counters.count_nonzero() == 0
 
