@@ -17,6 +17,12 @@ arrival counter, which it resets to zero) adds them in split order, adds the bia
 output in ``x.dtype``: one launch per linear, deterministic, no memset, safe inside CUDA graphs.
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
 
+Known limit (``benchmarks/compile_sm90.py``, no GPU measurement yet): on sm_90 the main loop issues
+about 10 instructions a weight, a third of them moving each dequantized slice through shared memory
+into the ``tl.dot`` operand layout; streaming HBM needs about 4, so the kernel is likely issue-bound
+near 40% of bandwidth. A layout whose registers already match the MMA operand fragments (Marlin's)
+would remove that traffic.
+
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
 (``int4.Int4LinearMethod``). Sources: the reduction by the last-arriving program is the "fixup" of
 stream-K (Osama et al., 2023, arXiv:2301.03598) on a plain split-K grid; the weight layout chosen so
