@@ -31,7 +31,8 @@ from inference.quantization.triton_w4a16_decode import _w4a16_decode_kernel, _w4
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {"x_ptr": "*bf16", "qweight_ptr": "*i32", "scales_ptr": "*fp16", "qzeros_ptr": "*i32", "perm_ptr": "*i64",
-            "bias_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16"}
+            "bias_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16",
+            "row_groups_ptr": "*i32"}
 
 
 def _signature(fn, constexprs: dict, overrides: dict | None = None) -> dict:
@@ -84,7 +85,8 @@ def main() -> None:
                dict(GROUP_SIZE=128, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True, EVEN_K=True,
                     EVEN_N=True), warps, 4, weights_per_thread=16 * block_n * 8 // (32 * warps))
     report("gemm BM64 BN128 (prefill)", _w4a16_kernel, dict(GROUP_SIZE=128, BLOCK_M=64, BLOCK_N=128,
-                                                            DOT_PRECISION="tf32"), 4, 3, {"out_ptr": "*fp32"})
+                                                            DOT_PRECISION="tf32", ROW_GROUPS=False), 4, 3,
+           {"out_ptr": "*fp32"})
     report("per-token fp8", _per_token_fp8_kernel, dict(BLOCK=2048, FP8_MAX=448.0, MIN_SCALE=1e-12), 8, 3,
            {"codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32"})
 

@@ -10,25 +10,42 @@ CUDA graph of calls on enough copies of the weights (>= 256 MiB together) that L
 cannot serve them, as in a decode step: no launch overhead, weights streamed from HBM. ``weight_GBps``
 is the layer's weight bytes over that time. ``--sweep`` also times the decode kernel under a grid of
 ``DecodeConfig``s and reports the best per shape and row count, to tune ``decode_config``.
+
+    python benchmarks/quant_kernels.py --model .gpucache/qwen2.5-7b --sweep    # H200 (CUDA only)
+
+``benchmarks/quantization.py`` runs the same microbenchmarks as its first phase.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
+import shlex
+import sys
+import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from inference.quantization import QuantizationConfig, packing
-from inference.quantization.fp8 import Fp8LinearMethod
-from inference.quantization.int4 import Int4LinearMethod
-from inference.quantization.linear import QuantizedLinear
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inference.quantization import QuantizationConfig, packing  # noqa: E402
+from inference.quantization.fp8 import Fp8LinearMethod  # noqa: E402
+from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
+from inference.quantization.linear import QuantizedLinear  # noqa: E402
 
 DEVICE = "cuda"
 ROTATE_BYTES = 256 << 20
 SWEEP_BLOCK_N = (64, 128, 256)
 SWEEP_SPLIT_K = (1, 2, 4, 8, 16)
 SWEEP_STAGES = (4,)  # 2 and 3 stages cost a compile each per config; add them back for a longer run
+
+
+def model_config(model: str):
+    """The Hugging Face config of ``model`` (a name or folder; no weights are read)."""
+    from inference.model_loader import load_hf_config, resolve_model
+    return load_hf_config(resolve_model(model, load_format="dummy").model_dir)
 
 
 def linear_shapes(hf_config) -> dict[str, tuple[int, int]]:
@@ -157,3 +174,24 @@ def run_microbenchmarks(hf_config, batch_sizes: list[int], sweep: bool) -> dict:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {name: bench_shape(name, K, N, batch_sizes, sweep and name != "lm_head", num_sms)
             for name, (K, N) in linear_shapes(hf_config).items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-7b", help="its config gives the shapes; weights are random")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--sweep", action="store_true", help="also time a grid of W4A16 decode-kernel configs")
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("the kernel microbenchmarks need a CUDA device")
+    from throughput import write_result
+
+    result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name(), "model": args.model,
+              "kernels": run_microbenchmarks(model_config(args.model), args.batch_sizes, args.sweep)}
+    write_result(result, args.output_json, f"quant_kernels_{Path(args.model).name}.json")
+
+
+if __name__ == "__main__":
+    main()

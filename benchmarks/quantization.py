@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.quantization import weight_memory  # noqa: E402
 
-from quant_kernels import run_microbenchmarks  # noqa: E402
+from quant_kernels import model_config, run_microbenchmarks  # noqa: E402
 from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
 
 
@@ -95,13 +95,8 @@ def w1_throughput(args, method: str) -> dict:
     return result
 
 
-def _hf_config(model: str):
-    from inference.model_loader import load_hf_config, resolve_model
-    return load_hf_config(resolve_model(model, load_format="dummy").model_dir)
-
-
 def _vocab(model: str) -> int:
-    return _hf_config(model).vocab_size
+    return model_config(model).vocab_size
 
 
 def summary(result: dict) -> list[str]:
@@ -158,7 +153,7 @@ def main() -> None:
 
     if not args.skip_kernels:
         if torch.cuda.is_available():
-            result["kernels"] = run_microbenchmarks(_hf_config(args.model), args.batch_sizes, args.sweep)
+            result["kernels"] = run_microbenchmarks(model_config(args.model), args.batch_sizes, args.sweep)
             save()
         else:
             print("kernel microbenchmarks need CUDA: skipped")
