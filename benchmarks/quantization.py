@@ -1,14 +1,19 @@
-"""Quantized against bf16 weights, in one run on one GPU: per-step decode latency at batch 1..32 on the
-Qwen2.5-7B shape (random weights: bf16, random packed int4 + scales for AWQ/GPTQ, bf16 quantized at load
-for FP8), and W1 offline throughput of FP8 against bf16 (``benchmarks/throughput.py``'s machinery).
+"""Quantized against bf16 weights, in one run on one GPU: kernel microbenchmarks of one linear layer of
+each shape (``quant_kernels``), per-step decode latency at batch 1, 8, 32 on the Qwen2.5-7B shape
+(random weights: bf16, random packed int4 + scales for AWQ/GPTQ, bf16 quantized at load for FP8), and W1
+offline throughput of FP8 against bf16 (``benchmarks/throughput.py``'s machinery).
 
-    python benchmarks/quantization.py                                   # H200: everything
-    python benchmarks/quantization.py --methods bf16 awq --batch-sizes 1 8 --skip-throughput
+    python benchmarks/quantization.py --model .gpucache/qwen2.5-7b       # H200: everything
+    python benchmarks/quantization.py --model .gpucache/qwen2.5-7b --skip-decode --skip-throughput --sweep
+    python benchmarks/quantization.py --model qwen2.5-0.5b --batch-sizes 1 --decode-steps 2 --skip-throughput
+                                                                       # CPU smoke run (no kernels)
 
 Decode latency: ``batch`` requests with ``--prompt-len``-token prompts are admitted; once every request
 has its first token (all later steps are pure decode, replayed from CUDA graphs unless --enforce-eager),
 ``--decode-steps`` engine steps are timed and averaged. Weight memory (GiB, and the ratio to bf16) comes
-from each engine's start-up. Writes JSON with the exact command to benchmarks/results/.
+from each engine's start-up. Writes JSON with the exact command to benchmarks/results/ after each phase
+(kernels, decode, W1), so a run cut short keeps what it measured, and prints a summary at the end.
+Kernel microbenchmarks need CUDA and are skipped on CPU.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.quantization import weight_memory  # noqa: E402
 
+from quant_kernels import model_config, run_microbenchmarks  # noqa: E402
 from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
 
 
@@ -90,8 +96,28 @@ def w1_throughput(args, method: str) -> dict:
 
 
 def _vocab(model: str) -> int:
-    from inference.model_loader import load_hf_config, resolve_model
-    return load_hf_config(resolve_model(model, load_format="dummy").model_dir).vocab_size
+    return model_config(model).vocab_size
+
+
+def summary(result: dict) -> list[str]:
+    """Compact lines: per-kernel speed-ups at each row count, decode step ms, W1 tok/s."""
+    lines = []
+    for shape, entry in result["kernels"].items():
+        for rows, row in entry["rows"].items():
+            base = row["bf16"]["ms"]
+            lines.append(f"kernel {shape:>8} M={rows:>3}: bf16 {1000 * base:6.1f} us; " + ", ".join(
+                f"{k} {base / v['ms']:.2f}x{'' if v['ok'] else ' WRONG'}" for k, v in row.items()
+                if isinstance(v, dict) and "ms" in v and k != "bf16"))
+    for method, entry in result["decode"].items():
+        lines.append(f"decode {method:>5}: " + ", ".join(
+            f"B{b} {ms:.2f} ms ({entry.get('speedup_vs_bf16', {}).get(b, float('nan')):.2f}x)"
+            for b, ms in entry["step_ms"].items()) + f"; weights {entry['weights_GiB']:.2f} GiB")
+    for method in ("bf16", "fp8"):
+        if method in result["w1"]:
+            lines.append(f"W1 {method}: {result['w1'][method]['output_tokens_per_s']:.0f} tok/s")
+    if "fp8_speedup_vs_bf16" in result["w1"]:
+        lines.append(f"W1 fp8 speed-up vs bf16: {result['w1']['fp8_speedup_vs_bf16']:.2f}x")
+    return lines
 
 
 def main() -> None:
@@ -99,12 +125,15 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-7b")
     parser.add_argument("--methods", nargs="+", default=["bf16", "awq", "gptq", "fp8"],
                         choices=["bf16", "awq", "gptq", "fp8"])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                         help="leaves room for the next method's engine while Python frees the last one")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--skip-kernels", action="store_true", help="no kernel microbenchmarks")
+    parser.add_argument("--sweep", action="store_true", help="also time a grid of W4A16 decode-kernel configs")
+    parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--w1-num-prompts", type=int, default=256)
     parser.add_argument("--output-json", default=None)
@@ -113,26 +142,38 @@ def main() -> None:
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "model": args.model, "prompt_len": args.prompt_len, "decode_steps": args.decode_steps,
-              "decode": {}, "w1": {}}
-    for method in args.methods:
-        result["decode"][method] = decode_latency(args, method)
-    if "bf16" in result["decode"]:
-        base = result["decode"]["bf16"]["step_ms"]
-        for method, entry in result["decode"].items():
-            entry["speedup_vs_bf16"] = {b: base[b] / ms for b, ms in entry["step_ms"].items()}
-            print(f"{method:>5} decode speed-up vs bf16: " + ", ".join(f"B{b} {x:.2f}x" for b, x in
-                                                                      entry["speedup_vs_bf16"].items()))
+              "kernels": {}, "decode": {}, "w1": {}}
+    device = "h200" if "H200" in result["device"] else result["device"].split()[-1].lower()
+    name = Path(args.model).name
+    path = Path(args.output_json) if args.output_json else RESULTS / f"quantization_{name}_{device}.json"
+    RESULTS.mkdir(exist_ok=True)
+
+    def save() -> None:
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+    if not args.skip_kernels:
+        if torch.cuda.is_available():
+            result["kernels"] = run_microbenchmarks(model_config(args.model), args.batch_sizes, args.sweep)
+            save()
+        else:
+            print("kernel microbenchmarks need CUDA: skipped")
+    if not args.skip_decode:
+        for method in args.methods:
+            result["decode"][method] = decode_latency(args, method)
+            save()
+        if "bf16" in result["decode"]:
+            base = result["decode"]["bf16"]["step_ms"]
+            for method, entry in result["decode"].items():
+                entry["speedup_vs_bf16"] = {b: base[b] / ms for b, ms in entry["step_ms"].items()}
     if not args.skip_throughput:
         for method in [m for m in ("bf16", "fp8") if m in args.methods]:
             result["w1"][method] = w1_throughput(args, method)
+            save()
         if "bf16" in result["w1"] and "fp8" in result["w1"]:
             result["w1"]["fp8_speedup_vs_bf16"] = (result["w1"]["fp8"]["output_tokens_per_s"]
                                                    / result["w1"]["bf16"]["output_tokens_per_s"])
-            print(f"  fp8 W1 speed-up vs bf16: {result['w1']['fp8_speedup_vs_bf16']:.2f}x")
-    RESULTS.mkdir(exist_ok=True)
-    device = "h200" if "H200" in result["device"] else result["device"].split()[-1].lower()
-    path = Path(args.output_json) if args.output_json else RESULTS / f"quantization_{args.model}_{device}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    save()
+    print("\n".join(["== summary =="] + summary(result)))
     print(f"wrote {path}")
 
 

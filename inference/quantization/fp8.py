@@ -3,14 +3,18 @@ quantized per token at run time, multiplied on FP8 tensor cores by ``torch._scal
 scales (as vLLM's ``fp8`` method does for a 16-bit checkpoint).
 
 Reference (the CPU path, and the oracle of the tests): quantize both operands exactly as the GPU
-does, dequantize them, and multiply in float32. The engine itself refuses ``quantization="fp8"``
-without FP8 tensor cores (``check_fp8_supported``).
+does, dequantize them, and multiply in float32. On CUDA the activations are quantized by one fused
+Triton kernel (``triton_fp8.per_token_fp8``, equal to ``quantize_fp8_rowwise``); the weights are kept
+row-major ``[N, K]``, so ``weight.t()`` is the column-major ``[K, N]`` operand ``torch._scaled_mm`` wants
+(no copy per call), with ``scale_a [T, 1]`` and ``scale_b [1, N]`` float32 and a bfloat16 output. The
+engine itself refuses ``quantization="fp8"`` without FP8 tensor cores (``check_fp8_supported``).
 """
 from __future__ import annotations
 
 import torch
 
 from ..errors import InvalidRequestError
+from ..models.layers import use_triton_layers
 from .linear import LinearMethodBase, QuantizedLinear
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -90,11 +94,17 @@ class Fp8LinearMethod(LinearMethodBase):
         layer.replace("weight_scale", scales.reshape(-1))
 
     def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-        x_codes, x_scales = quantize_fp8_rowwise(x)
+        if use_triton_layers(x):
+            from .triton_fp8 import per_token_fp8
+            x_codes, x_scales = per_token_fp8(x)
+        else:
+            x_codes, x_scales = quantize_fp8_rowwise(x)
         if x.is_cuda:
             # A row-major [T, K] times the column-major view [K, N] of the row-major weight.
             out = torch._scaled_mm(x_codes, layer.weight.t(), scale_a=x_scales,
                                    scale_b=layer.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
-            return out.to(x.dtype)
-        w = layer.weight.float() * layer.weight_scale[:, None]
-        return torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)
+            out = out.to(x.dtype)
+        else:
+            w = layer.weight.float() * layer.weight_scale[:, None]
+            out = torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)
+        return out if layer.fused_bias is None else out + layer.fused_bias.to(out.dtype)

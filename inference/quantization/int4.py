@@ -18,9 +18,10 @@ _DUMMY_SCALE = 0.0045  # random codes 0..15 around zero point 8: weights of std 
 class Int4LinearMethod(LinearMethodBase):
     """4-bit weights with per-group float16 scales and 4-bit zero points (AWQ GEMM or GPTQ v1 on disk).
 
-    After loading, the layer holds ``qweight [K/8, N]`` int32, ``qzeros [G, N/8]`` int32 (true zero
-    points), ``scales [G, N]`` float16, and ``perm [K]`` int64 when act-order scattered the groups
-    (rows are then sorted by group and ``x`` is permuted the same way).
+    After loading, the layer holds ``qweight [K_pad/8, N]`` int32 in the K-tiled layout of ``packing``,
+    ``qzeros [G, N/8]`` int32 (true zero points), ``scales [G, N]`` float16, ``perm [K]`` int64 when
+    act-order scattered the groups (rows are then sorted by group and ``x`` is permuted the same way),
+    and the decode kernel's ``split_k_counters`` int32 buffer.
 
     Tensor parallelism (``K``, ``N``: this rank's features): a column-parallel rank holds its output
     columns of every tensor. A row-parallel rank holds its input rows of ``qweight`` and the groups
@@ -111,8 +112,11 @@ class Int4LinearMethod(LinearMethodBase):
                                                                   g_idx.device).long()):
                         layer.perm = self._act_order_perm(layer, g_idx)
                         codes = codes[layer.perm]
-            layer.replace("qweight", packing.pack_gptq_qweight(codes))
+            layer.replace("qweight", packing.pack_ktiled(codes))
             layer.replace("qzeros", packing.pack_cols(zeros))
+            # The decode kernel's split-K arrival counters: zero between calls (the kernel resets them).
+            layer.register_buffer("split_k_counters", torch.zeros(
+                2 * -(-layer.out_features // 32), dtype=torch.int32, device=codes.device), persistent=False)
 
     @staticmethod
     def _act_order_perm(layer: QuantizedLinear, g_idx: torch.Tensor) -> torch.Tensor:
@@ -126,15 +130,16 @@ class Int4LinearMethod(LinearMethodBase):
     def dequantized_weight(self, layer: QuantizedLinear, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weights ``[K, N]`` in ``dtype`` (rows in the order ``apply`` multiplies them)."""
         if layer.row_groups is not None:
-            return packing.dequantize(packing.unpack_gptq_qweight(layer.qweight), layer.scales,
+            return packing.dequantize(packing.unpack_ktiled(layer.qweight, layer.in_features), layer.scales,
                                       packing.unpack_cols(layer.qzeros), layer.row_groups, dtype)
         return packing.dequantize_internal(layer.qweight, layer.qzeros, layer.scales, layer.group_size, dtype)
 
     def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-        if layer.perm is not None:
-            x = x.index_select(1, layer.perm)
         if use_triton_layers(x):
             from .triton_w4a16 import w4a16_matmul
-            return w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
-                                row_groups=layer.row_groups)
-        return torch.matmul(x, self.dequantized_weight(layer, x.dtype))
+            return w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, perm=layer.perm,
+                                bias=layer.fused_bias, counters=layer.split_k_counters, row_groups=layer.row_groups)
+        if layer.perm is not None:
+            x = x.index_select(1, layer.perm)
+        out = torch.matmul(x, self.dequantized_weight(layer, x.dtype))
+        return out if layer.fused_bias is None else out + layer.fused_bias.to(out.dtype)

@@ -37,8 +37,9 @@ class LinearMethodBase(ABC):
     names (``qweight``, ``scales``, ...), say how each is split along the output features
     (``output_dim``) and the input features (``input_dim``) so that ``QuantizedLinear`` can cut a
     tensor-parallel rank's part out of the full checkpoint tensor, convert them once loaded
-    (``process_weights_after_loading``), and compute ``apply(layer, x [T, K]) -> [T, N]`` in ``x.dtype``
-    (``K``, ``N``: this rank's features; a row-parallel layer's partial sum, reduced by the layer).
+    (``process_weights_after_loading``), and compute ``apply(layer, x [T, K]) -> x W^T + layer.fused_bias``
+    (``[T, N]`` in ``x.dtype``; a kernel may fuse the bias; ``K``, ``N``: this rank's features; a
+    row-parallel layer's partial sum without the bias, which the layer adds once after its all-reduce).
     """
 
     @abstractmethod
@@ -111,6 +112,12 @@ class QuantizedLinear(nn.Module):
             {name: end - begin for name, (begin, end) in self.offsets.items()})
         method.create_weights(self, params_dtype)
         self.bias = _param((out_features,), params_dtype) if bias else None
+
+    @property
+    def fused_bias(self) -> torch.Tensor | None:
+        """The bias ``method.apply`` adds: the layer's, except in a row-parallel layer (None), whose
+        partial sums are all-reduced first and which adds its bias once, in ``forward``."""
+        return None if self.partition.reduce else self.bias
 
     def register(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         """Register a parameter (no gradient) of the checkpoint's name, shape and dtype."""
@@ -206,8 +213,8 @@ class QuantizedLinear(nn.Module):
         out = self.method.apply(self, x.reshape(-1, self.in_features))
         if self.partition.reduce:
             out = self.partition.tp.all_reduce(out)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

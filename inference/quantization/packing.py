@@ -17,14 +17,19 @@ On-disk layouts (each int32 holds eight 4-bit codes, code ``i`` in bits ``4i..4i
   packed sequentially along N and storing ``zero - 1`` (the v1 convention that GPTQModel's
   "v2" format undoes), ``scales [G, N]`` float16, ``g_idx [K]`` int32.
 
-Tessera's kernels read one internal layout, the GPTQ packing with true zero points:
-``qweight [K/8, N]``, ``qzeros [G, N/8]`` (sequential along N, not minus one), rows sorted by group.
+Tessera's kernels read one internal layout, "K-tiled": ``qzeros [G, N/8]`` packed sequentially along N
+with true zero points (not minus one), ``scales [G, N]`` float16, rows sorted by group, and
+``qweight [K_pad/8, N]`` int32 with ``K_pad = K`` rounded up to a multiple of ``PACK_K = 128``: word row
+``16t + r`` (tile ``t``, ``r = 0..15``) holds in code slot ``i`` the input row ``128t + 16i + r``, and rows
+``K..K_pad-1`` hold code 0. Slot ``i`` of a tile's 16 word rows is thus 16 consecutive input rows, which
+the kernel multiplies with one ``tl.dot`` without reshuffling nibbles (``pack_ktiled``).
 """
 from __future__ import annotations
 
 import torch
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # code slot i of an AWQ int32 holds column 8c + AWQ_ORDER[i]
+PACK_K = 128                          # input rows per tile of the internal K-tiled qweight
 
 
 def _shifts(device) -> torch.Tensor:
@@ -82,6 +87,27 @@ def unpack_gptq_qweight(packed: torch.Tensor) -> torch.Tensor:
     return _unpack_last(packed.t().contiguous()).t().contiguous()
 
 
+# ---- internal K-tiled layout ----
+def pack_ktiled(codes: torch.Tensor) -> torch.Tensor:
+    """``[K, N]`` codes -> internal ``qweight [K_pad/8, N]`` int32 (K padded to a multiple of ``PACK_K``
+    with code 0; word row ``16t + r``, slot ``i`` holds input row ``128t + 16i + r``)."""
+    K, N = codes.shape
+    k_pad = -(-K // PACK_K) * PACK_K
+    padded = torch.zeros((k_pad, N), dtype=torch.int32, device=codes.device)
+    padded[:K] = codes
+    # [tiles, slot i, r, N] -> [tiles, r, N, slot i]: the slot becomes the packed (last) dimension
+    tiled = padded.view(k_pad // PACK_K, 8, PACK_K // 8, N).permute(0, 2, 3, 1)
+    return _pack_last(tiled.contiguous()).reshape(k_pad // 8, N)
+
+
+def unpack_ktiled(packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Inverse of ``pack_ktiled``: internal ``qweight [K_pad/8, N]`` -> ``[in_features, N]`` int32 codes."""
+    rows, N = packed.shape
+    slots = _unpack_last(packed.reshape(rows // 16, 16, N))              # [tiles, r, 8N]: (n, i) pairs
+    codes = slots.view(rows // 16, 16, N, 8).permute(0, 3, 1, 2)          # [tiles, i, r, N]
+    return codes.reshape(rows * 8, N)[:in_features].contiguous()
+
+
 def pack_cols(codes: torch.Tensor) -> torch.Tensor:
     """``[G, N]`` codes -> ``[G, N/8]`` int32 packed sequentially along N (GPTQ qzeros, internal qzeros)."""
     _check_codes(codes, "zero-point packing")
@@ -137,10 +163,11 @@ def minmax_params(w_group: torch.Tensor, sym: bool, dim: int = 0) -> tuple[torch
 
 def dequantize_internal(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                         dtype: torch.dtype) -> torch.Tensor:
-    """Dequantize the internal layout (``qweight [K/8, N]``, ``qzeros [G, N/8]``, ``scales [G, N]``, rows
-    sorted by group) to ``[K, N]`` in ``dtype``, computed in float32: the CPU path and the kernel's oracle."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
-    K, N = qweight.shape[0] * 8, qweight.shape[1]
-    codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).view(K // group_size, group_size, N)
-    zeros = ((qzeros[:, :, None] >> shifts) & 0xF).view(-1, 1, N)
+    """Dequantize the internal layout (K-tiled ``qweight [K_pad/8, N]``, ``qzeros [G, N/8]``, ``scales [G, N]``,
+    rows sorted by group; ``K = G * group_size``) to ``[K, N]`` in ``dtype``, computed in float32: the CPU
+    path and the kernels' oracle."""
+    G, N = scales.shape
+    K = G * group_size
+    codes = unpack_ktiled(qweight, K).view(G, group_size, N)
+    zeros = unpack_cols(qzeros).view(G, 1, N)
     return ((codes.float() - zeros.float()) * scales.float()[:, None, :]).view(K, N).to(dtype)

@@ -125,6 +125,34 @@ def test_a_checkpoint_tensor_of_the_wrong_full_shape_is_named():
     assert layer.qweight[0, 0] == 4 * 32  # rank 1 holds packed rows 4..7 (input features 32..63)
 
 
+@pytest.mark.parametrize("kind", ["awq", "fp8"])
+def test_a_row_parallel_layer_with_a_bias_adds_it_once(kind):
+    """``apply`` adds the bias itself (a kernel may fuse it), but a row-parallel rank must not: its
+    partial products are summed over the ranks, the bias added once after that."""
+    def layer(partition=None):
+        quantized = QuantizedLinear(64 if partition is None else 32, 32, True, make_linear_method(QUANT[kind]),
+                                    torch.float32, partition=partition)
+        quantized.init_dummy(torch.Generator().manual_seed(0))  # the full layer's draw, on every rank
+        with torch.no_grad():
+            quantized.bias.fill_(1.0)  # well above FP8's error
+        quantized.method.process_weights_after_loading(quantized)
+        return quantized
+
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        expected = layer()(x)
+
+    def rank(tp):
+        start = 32 * tp.rank
+        with torch.no_grad():
+            return layer(LinearPartition(64, 32, (start, start + 32), ((0, 32),), {}, True, tp, {}))(
+                x[:, start:start + 32])
+
+    tol = dict(atol=2e-2, rtol=2e-2) if kind == "fp8" else dict(atol=1e-5, rtol=1e-5)
+    for out in _on_two_ranks(rank):
+        torch.testing.assert_close(out, expected, **tol)
+
+
 # ---- engine: greedy tokens of quantized checkpoints, TP=2 against TP=1 ------------------------------
 CHECKPOINTS = {"awq": dict(method="awq", group_size=32),
                "gptq_act_order": dict(method="gptq", group_size=32, desc_act=True)}

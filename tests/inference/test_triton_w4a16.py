@@ -1,6 +1,7 @@
-"""The Triton W4A16 kernel against dequantize-then-matmul (its reference and the CPU path).
+"""The Triton W4A16 kernels (split-K decode GEMV and tiled GEMM) against dequantize-then-matmul (their
+reference and the CPU path), on the AWQ and GPTQ layouts repacked at load.
 
-Without a CUDA device the kernel runs in Triton's interpreter on tiny shapes.
+Without a CUDA device the kernels run in Triton's interpreter on tiny shapes.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ triton = pytest.importorskip("triton")
 from inference.quantization import QuantizationConfig, packing  # noqa: E402
 from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
 from inference.quantization.linear import QuantizedLinear  # noqa: E402
-from inference.quantization.triton_w4a16 import tile_config, w4a16_matmul  # noqa: E402
+from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
+from inference.quantization.triton_w4a16_decode import DecodeConfig, decode_config, w4a16_decode  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
@@ -22,73 +24,143 @@ TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2
 
 
 def _random_int4(K: int, N: int, group_size: int):
+    """Internal-layout tensors of random codes, and the dense ``[K, N]`` float32 weights they stand for."""
     codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
     groups = K // group_size
     scales = (torch.rand(groups, N) * 0.01 + 0.001).half()
     zeros = torch.randint(0, 16, (groups, N), dtype=torch.int32)
-    g_idx = packing.group_index(K, group_size)
-    dense = packing.dequantize(codes, scales, zeros, g_idx)
-    return (packing.pack_gptq_qweight(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
+    dense = packing.dequantize(codes, scales, zeros, packing.group_index(K, group_size))
+    return (packing.pack_ktiled(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
             dense.to(DEVICE))
 
 
-@pytest.mark.parametrize("M", [1, 5, 40])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("K, N, group_size", [(64, 32, 32), (64, 48, 64)])
-def test_w4a16_kernel_matches_dequantize_then_matmul(M, dtype, K, N, group_size):
-    torch.manual_seed(M)
+def test_ktiled_packing_round_trips_and_puts_16_consecutive_rows_in_each_slot():
+    codes = torch.randint(0, 16, (200, 8), dtype=torch.int32)   # 2 tiles of 128, the second padded
+    packed = packing.pack_ktiled(codes)
+    assert packed.shape == (32, 8)
+    word = int(packed[16 + 3, 5]) & 0xFFFFFFFF                  # tile 1, r = 3
+    expected = [int(codes[128 + 16 * i + 3, 5]) if 128 + 16 * i + 3 < 200 else 0 for i in range(8)]
+    assert [(word >> (4 * i)) & 0xF for i in range(8)] == expected
+    assert torch.equal(packing.unpack_ktiled(packed, 200), codes)
+
+
+# K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks.
+@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, gemv", [
+    (1, 256, 64, 128, 1, torch.float32, True),
+    (1, 384, 80, 128, 2, torch.bfloat16, True),
+    (1, 256, 64, 128, 2, torch.float32, False),
+    (1, 320, 96, 32, 2, torch.bfloat16, False),
+    (17, 320, 64, 64, 3, torch.float32, True),
+    (5, 384, 64, 192, 2, torch.bfloat16, True),
+    (32, 128, 32, 128, 1, torch.bfloat16, True),
+])
+def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, gemv):
+    torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
-    expected = (x.float() @ dense.to(dtype).float()).to(dtype)
-    out = w4a16_matmul(x, qweight, scales, qzeros, group_size, num_sms=1)
+    bias = torch.randn(N, device=DEVICE).to(dtype)
+    expected = x.float() @ dense.to(dtype).float() + bias.float()
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(32, split_k, gemv=gemv))
     assert out.dtype == dtype and out.shape == (M, N)
-    torch.testing.assert_close(out.float(), expected.float(), **TOL[dtype])
+    torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
 
-def test_w4a16_split_k_partial_sums_add_up():
-    K, N, group_size = 128, 32, 32
-    block_m, block_n, block_k, split_k = tile_config(1, N, K, group_size, num_sms=64)
-    assert split_k > 1  # decode on a wide GPU splits K
+@pytest.mark.parametrize("M, gemv", [(3, False), (1, True)])
+def test_decode_kernels_gather_act_order_columns_and_leave_their_counters_at_zero(M, gemv):
+    K, N, group_size = 256, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
-    x = torch.randn(1, K, device=DEVICE)
-    out = w4a16_matmul(x, qweight, scales, qzeros, group_size, num_sms=64)
-    torch.testing.assert_close(out, x @ dense, atol=1e-4, rtol=1e-4)
+    perm = torch.randperm(K, device=DEVICE)
+    counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    x = torch.randn(M, K, device=DEVICE)
+    for _ in range(2):  # the second call finds the counters the first one left
+        out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
+                           config=DecodeConfig(32, 2, gemv=gemv))
+        torch.testing.assert_close(out, x[:, perm] @ dense, **TOL[torch.float32])
+    assert counters.count_nonzero() == 0
 
 
-def test_quantized_linear_apply_uses_the_kernel_layout_for_awq_checkpoints():
-    """An AWQ layer repacked at load gives the same result through the kernel as the reference."""
-    K, N, group_size = 64, 32, 32
-    config = QuantizationConfig("awq", group_size=group_size)
-    layer = QuantizedLinear(K, N, False, Int4LinearMethod(config), torch.float32)
+def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
+    o_proj = decode_config(1, 3584, 3584, num_sms=132)
+    gate_up = decode_config(1, 37888, 3584, num_sms=132)
+    assert o_proj.split_k > gate_up.split_k >= 1
+    assert decode_config(32, 3584, 3584, num_sms=132).split_k < o_proj.split_k  # partial sums cost more
+    assert decode_config(1, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
+
+
+@pytest.mark.parametrize("M, K, group_size", [(40, 320, 64), (33, 256, 128)])
+def test_gemm_kernel_matches_dequantize_then_matmul(M, K, group_size):
+    torch.manual_seed(M)
+    N = 64
+    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
+    x = torch.randn(M, K, device=DEVICE)
+    out = w4a16_gemm(x, qweight, scales, qzeros, group_size, num_sms=4)
+    torch.testing.assert_close(out, x @ dense, **TOL[torch.float32])
+
+
+def _layer(method: str, K: int, N: int, group_size: int, desc_act: bool = False):
+    """A ``QuantizedLinear`` loaded from random codes in the on-disk format of ``method``, and its dense
+    ``[K, N]`` weights in the checkpoint's row order."""
+    config = QuantizationConfig(method, group_size=group_size, desc_act=desc_act)
+    layer = QuantizedLinear(K, N, True, Int4LinearMethod(config), torch.float32)
     codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
-    zeros = torch.randint(0, 16, (K // group_size, N), dtype=torch.int32)
+    zeros = torch.randint(1, 16, (K // group_size, N), dtype=torch.int32)
     scales = (torch.rand(K // group_size, N) * 0.01).half()
+    g_idx = packing.group_index(K, group_size)
+    if desc_act:
+        g_idx = g_idx[torch.randperm(K)]
     with torch.no_grad():
-        layer.qweight.copy_(packing.pack_awq(codes))
-        layer.qzeros.copy_(packing.pack_awq(zeros))
+        if method == "awq":
+            layer.qweight.copy_(packing.pack_awq(codes))
+            layer.qzeros.copy_(packing.pack_awq(zeros))
+        else:
+            layer.qweight.copy_(packing.pack_gptq_qweight(codes))
+            layer.qzeros.copy_(packing.pack_cols(zeros - 1))
+            layer.g_idx.copy_(g_idx)
         layer.scales.copy_(scales)
+        layer.bias.normal_()
     layer.method.process_weights_after_loading(layer)
-    layer.to(DEVICE)
-    x = torch.randn(3, K, device=DEVICE)
-    dense = packing.dequantize(codes, scales, zeros, packing.group_index(K, group_size)).to(DEVICE)
-    out = w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, num_sms=1)
-    torch.testing.assert_close(out, x @ dense, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(layer(x), x @ dense, atol=1e-4, rtol=1e-4)
+    return layer, packing.dequantize(codes, scales, zeros, g_idx)
 
 
+@pytest.mark.parametrize("method, desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
+@pytest.mark.parametrize("M", [1, 17, 40])
+def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, desc_act, M):
+    """AWQ (interleaved nibbles) and GPTQ (with act-order's scattered groups) layers repacked at load
+    give, through the kernels, the dense product of the checkpoint's weights plus the bias."""
+    torch.manual_seed(M)
+    layer, dense = _layer(method, 256, 64, 32, desc_act)
+    assert (layer.perm is not None) == desc_act
+    x = torch.randn(M, 256)
+    expected = x @ dense + layer.bias.detach()
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)  # the CPU path
+    if DEVICE == "cpu":  # the same layer through the kernels (the interpreter)
+        perm = layer.perm
+        out = w4a16_matmul(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, perm=perm,
+                           bias=layer.bias, counters=layer.split_k_counters, num_sms=8)
+    else:
+        layer.to(DEVICE)
+        layer.perm = None if layer.perm is None else layer.perm.to(DEVICE)
+        out = layer(x.to(DEVICE)).cpu()
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("M", [5, 40])  # 5 rows would take the decode kernel, which cannot read per-row groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(dtype):
-    """A row-parallel rank of a GPTQ act-order layer: its 128 rows in checkpoint order point at groups
-    all over the full layer (8 groups of 32), whose scales and zero points it keeps whole."""
+def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
+    """A row-parallel rank of a GPTQ act-order layer: its 160 rows in checkpoint order (K-tiled, the second
+    tile partial) point at groups all over the full layer (8 groups of 32), whose scales and zero points
+    it keeps whole."""
     torch.manual_seed(3)
-    K, N, num_groups = 128, 48, 8
+    K, N, num_groups = 160, 48, 8
     codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
     scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
     zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
     row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
     dense = packing.dequantize(codes, scales, zeros, row_groups).to(DEVICE)
-    x = torch.randn(5, K, device=DEVICE).to(dtype)
-    out = w4a16_matmul(x, packing.pack_gptq_qweight(codes).to(DEVICE), scales.to(DEVICE),
-                       packing.pack_cols(zeros).to(DEVICE), 32, num_sms=4, row_groups=row_groups.to(DEVICE))
-    expected = (x.float() @ dense.to(dtype).float()).to(dtype)
-    torch.testing.assert_close(out.float(), expected.float(), **TOL[dtype])
+    x = torch.randn(M, K, device=DEVICE).to(dtype)
+    bias = torch.randn(N, device=DEVICE).to(dtype)
+    out = w4a16_matmul(x, packing.pack_ktiled(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
+                       32, bias=bias, num_sms=4, row_groups=row_groups.to(DEVICE))
+    expected = x.float() @ dense.to(dtype).float() + bias.float()
+    assert out.dtype == dtype and out.shape == (M, N)
+    torch.testing.assert_close(out.float(), expected, **TOL[dtype])

@@ -15,12 +15,14 @@ if not HAS_CUDA:
 
 
 def fix_interpreter() -> None:
-    """Work around three bugs of Triton 3.6's interpreter (CPU only; compiled kernels are unaffected).
+    """Work around four bugs of Triton 3.6's interpreter (CPU only; compiled kernels are unaffected).
 
     1. Loop bounds read from memory are 1-element arrays, which ``int()`` rejects from NumPy 2.4
        on (triton-lang/triton#9171, fixed upstream by #9172).
     2. ``tl.dot`` multiplies bfloat16 operands as their raw uint16 storage; convert them to float32.
     3. float32 -> bfloat16 casts truncate; the GPU (and PyTorch) round to nearest even.
+    4. float32 -> float8e4nv casts round ties away from even and send some values just below a power of
+       two to the wrong binade (-127.99 -> -64); the GPU (and PyTorch) round to nearest even.
     """
     import numpy as np
     import triton.language as tl
@@ -47,7 +49,10 @@ def fix_interpreter() -> None:
 
     cast_impl, fp_to_fp = interpreter.InterpreterBuilder.cast_impl, interpreter.InterpreterBuilder.create_fp_to_fp
 
-    def to_bf16_rtne(src, dst_type):
+    def round_like_torch(src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
+            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            return interpreter.TensorHandle(data.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), tl.float8e4nv)
         if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
             return None
         bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -55,11 +60,11 @@ def fix_interpreter() -> None:
         return interpreter.TensorHandle(rounded, tl.bfloat16)
 
     def patched_cast(self, src, dst_type):
-        rounded = to_bf16_rtne(src, dst_type)
+        rounded = round_like_torch(src, dst_type)
         return cast_impl(self, src, dst_type) if rounded is None else rounded
 
     def patched_fp_to_fp(self, src, dst_type, rounding_mode):
-        rounded = to_bf16_rtne(src, dst_type)
+        rounded = round_like_torch(src, dst_type)
         return fp_to_fp(self, src, dst_type, rounding_mode) if rounded is None else rounded
 
     interpreter._patch_lang_tensor = patched_tensor
