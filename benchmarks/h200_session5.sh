@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # H200 device calls (sessions 4-5): the steps named on the command line, in order, in one call, e.g.
-#   bash benchmarks/h200_session5.sh tp-small tp quant        (nvidia-h200-x2: the TP steps need 2 GPUs)
+#   bash benchmarks/h200_session5.sh tp-small tp quant-decode       (nvidia-h200-x2: the TP steps need 2 GPUs)
 # Steps:
 #   tp-small  TP=1 vs TP=2 on the Qwen2.5-0.5B shape: a few greedy requests + a short W1 (does TP run at all)
 #   tp        TP=1 vs TP=2 on the Qwen2.5-7B shape: greedy tokens (float32) + W1 side by side
 #   tp-fp8    TP=1 vs TP=2 with --quantization fp8 on the Qwen2.5-7B shape: greedy tokens
 #   tp-awq    the same with AWQ (random 4-bit codes) in float16
-#   quant     W4A16/FP8 decode latency vs bf16 (Qwen2.5-7B shape), FP8 W1 vs bf16 W1
-#   w1peer    W1 (async scheduling) and the transformers peer in the same call
-#   w2peer    W2 (nano-vllm's workload, Qwen2.5-0.5B shape) and the transformers peer's W2 in the same call
+#   quant-decode  W4A16/FP8 decode step latency vs bf16 (Qwen2.5-7B shape, batch 1-32), kernel microbenchmarks
+#   w1, w1-fp8    W1 (Qwen2.5-7B shape, 256 x 1024 in / 512 out) in bf16, and with --quantization fp8
+#   peer-w1   the transformers peer on W1 (64 prompts: generate_batch, then generate in batches of 64)
+#   w2, peer-w2   W2 (nano-vllm's workload, Qwen2.5-0.5B shape) on Tessera, and on the transformers peer
 #   w3        W3 latency (50 x 1000 in / 2000 out, median TPOT)
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
@@ -47,25 +48,22 @@ for step in "$@"; do
       --check-tokens 32 --check-dtype bfloat16 --skip-throughput --unquantized-reference --output-json "$OUT/tensor_parallel_fp8.json" ;;
   tp-awq) run_step tp-awq 180 python3 benchmarks/tensor_parallel.py --model $M7 --quantization awq --check-prompts 8 \
       --check-tokens 32 --check-dtype float16 --skip-throughput --output-json "$OUT/tensor_parallel_awq.json" ;;
-  quant)
-    run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
-      --output-json "$OUT/quantization.json"
-    run_step w1-bf16 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1_bf16.json"
-    run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 --output-json "$OUT/w1_fp8.json"
-    ;;
+  quant-decode) run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput \
+      --decode-steps 32 --output-json "$OUT/quantization.json" ;;
+  w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;
+  w1-fp8) run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
+      --output-json "$OUT/w1_fp8.json" ;;
   ppl-fp8)
     cat .devcarry/a/gguf.partaa .devcarry/b/gguf.partab .devcarry/b/gguf.partac > /tmp/smollm2.gguf \
       && sha256sum /tmp/smollm2.gguf | cut -c1-16 \
       && run_step ppl-fp8 150 python3 benchmarks/perplexity.py --model /tmp/smollm2.gguf --dtype bfloat16 \
         --methods none fp8 --output-json "$OUT/perplexity_fp8.json" ;;
-  w1peer)
-    run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json"
-    (cd peer && OUT="$OUT" run_step peer-w1 220 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 --outlen 512) ;;
-  w2peer)
-    run_step w2 120 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+  peer-w1) (cd peer && OUT="$OUT" run_step peer-w1 220 python3 hf_peer.py --models qwen7b --n 64 --inlen 1024 \
+      --outlen 512) ;;
+  w2) run_step w2 120 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
-      --max-num-batched-tokens 16384 --output-json "$OUT/w2.json"
-    (cd peer && OUT="$OUT" run_step peer-w2 300 python3 hf_peer_w2.py qwen0.5b) ;;
+      --max-num-batched-tokens 16384 --output-json "$OUT/w2.json" ;;
+  peer-w2) (cd peer && OUT="$OUT" run_step peer-w2 300 python3 hf_peer_w2.py qwen0.5b) ;;
   w3) run_step w3 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none --model $M7 \
       --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --output-json "$OUT/w3.json" ;;
