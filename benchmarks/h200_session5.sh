@@ -15,7 +15,8 @@
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
 # PYTHONFAULTHANDLER) and writes its JSON under $OUT; leftovers of a step are killed before the next.
 #   ppl-fp8   perplexity of the packaged SmolLM2 unquantized vs FP8 (the GGUF, 98 MB, is over one call's
-#             carry limit: it travels in two parts, .devcarry/a in one call and .devcarry/b in the next)
+#             carry limit: it travels in two parts: step stash-a with .devcarry/a carried copies part a to
+#             /tmp, then ppl-fp8 in the next call, at once while the machine is warm, with .devcarry/b)
 # Carried, git-ignored: .gpucache (dummy model dirs; or .devcarry/*/gpucache.tar.xz, unpacked here),
 # peer/ (a copy of ../shared/peer).
 set -u
@@ -53,8 +54,9 @@ for step in "$@"; do
   w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;
   w1-fp8) run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
       --output-json "$OUT/w1_fp8.json" ;;
+  stash-a) cp .devcarry/a/gguf.partaa /tmp/gguf.partaa && ls -la /tmp/gguf.partaa ;;  # for ppl-fp8 in the next call
   ppl-fp8)
-    cat .devcarry/a/gguf.partaa .devcarry/b/gguf.partab .devcarry/b/gguf.partac > /tmp/smollm2.gguf \
+    cat /tmp/gguf.partaa .devcarry/b/gguf.partab .devcarry/b/gguf.partac > /tmp/smollm2.gguf \
       && sha256sum /tmp/smollm2.gguf | cut -c1-16 \
       && run_step ppl-fp8 150 python3 benchmarks/perplexity.py --model /tmp/smollm2.gguf --dtype bfloat16 \
         --methods none fp8 --output-json "$OUT/perplexity_fp8.json" ;;

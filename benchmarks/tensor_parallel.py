@@ -120,7 +120,7 @@ def main() -> None:
               "throughput": {}}
     checks = {tp: run_child(argv, "check", tp) for tp in sizes}
     if args.quantization and args.unquantized_reference:
-        plain = [a for a in argv if a != args.quantization and a != "--quantization"]
+        plain = [a for a in argv if a not in (args.quantization, "--quantization", "--unquantized-reference")]
         unquantized = run_child(plain, "check", 1)
         result["check_vs_unquantized_tp1"] = {
             f"tp{tp}": compare((unquantized["tokens"], unquantized["logprobs"]), (c["tokens"], c["logprobs"]))
