@@ -11,6 +11,7 @@ from .engine import EngineArgs, LLMEngine
 from .errors import InvalidRequestError
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
+from .validation import normalize_chat_messages
 
 logger = logging.getLogger(__name__)
 
@@ -55,21 +56,20 @@ class LLM:
             use_tqdm: show a progress bar when there is more than one prompt.
             priority: one priority per prompt (lower runs earlier; needs ``scheduling_policy="priority"``).
             cache_salt: prefix-cache key of these prompts (see ``LLMEngine.add_request``).
+        ``prompts`` may also hold vLLM's prompt dicts, ``{"prompt": text}`` or ``{"prompt_token_ids": ids}``;
+        ``prompt_token_ids`` is a list of token-id lists (or one list for one prompt).
+
         Raises:
             InvalidRequestError: a bad prompt or parameter; nothing from this call stays queued.
         """
-        if prompt_token_ids is not None:
-            inputs: list = [list(p) for p in prompt_token_ids]
-        elif isinstance(prompts, str):
-            inputs = [prompts]
-        else:
-            inputs = list(prompts or [])
+        inputs = _prompt_inputs(prompts, prompt_token_ids)
         if isinstance(sampling_params, SamplingParams) or sampling_params is None:
             params_list = [sampling_params or SamplingParams()] * len(inputs)
         else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(inputs):
-                raise InvalidRequestError("sampling_params must be one object or one per prompt.",
+            params_list = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params]
+            if len(params_list) != len(inputs) or not all(isinstance(p, SamplingParams) for p in params_list):
+                raise InvalidRequestError("sampling_params must be one SamplingParams or a list of them, one per "
+                                          f"prompt ({len(inputs)}); got {type(sampling_params).__name__}.",
                                           param="sampling_params")
         if priority is not None and len(priority) != len(inputs):
             raise InvalidRequestError("priority must have one value per prompt.", param="priority")
@@ -84,10 +84,11 @@ class LLM:
         Raises:
             InvalidRequestError: the tokenizer has no chat template and none was given (param ``chat_template``).
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        if not conversations or any(not conversation for conversation in conversations):
+        if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of {'role', 'content'} dicts "
                                       "(or a list of such lists).", param="messages")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        conversations = [normalize_chat_messages(list(c) if isinstance(c, tuple) else c) for c in conversations]
         tokenizer = self.get_tokenizer()
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError("The tokenizer has no chat template; pass chat_template=...",
@@ -131,6 +132,42 @@ class LLM:
         for out in results.values():
             out.outputs.sort(key=lambda o: o.index)
         return [results[i] for i in ids]
+
+
+def _prompt_inputs(prompts, prompt_token_ids) -> list:
+    """The prompts of one ``generate`` call as texts and token-id lists.
+
+    Raises:
+        InvalidRequestError: neither argument, or an item that is not a text, a token-id list or a prompt dict.
+    """
+    if prompt_token_ids is not None:
+        if isinstance(prompt_token_ids, (list, tuple)) and prompt_token_ids and all(
+                isinstance(t, int) for t in prompt_token_ids):
+            prompt_token_ids = [prompt_token_ids]  # one prompt
+        items, param = prompt_token_ids, "prompt_token_ids"
+    elif prompts is None:
+        raise InvalidRequestError("Pass prompts (texts) or prompt_token_ids.", param="prompts")
+    else:
+        items = [prompts] if isinstance(prompts, (str, dict)) else prompts
+        param = "prompts"
+    if not isinstance(items, (list, tuple)):
+        raise InvalidRequestError(f"{param} must be a list, got {type(items).__name__}.", param=param)
+    inputs: list = []
+    for item in items:
+        if isinstance(item, dict) and param == "prompts":
+            if set(item) - {"prompt", "prompt_token_ids"} or len(item) != 1:
+                raise InvalidRequestError("A prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids'; "
+                                          f"got keys {sorted(item)}.", param="prompts")
+            item = item.get("prompt", item.get("prompt_token_ids"))
+        if isinstance(item, str) and param == "prompts":
+            inputs.append(item)
+        elif isinstance(item, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            inputs.append(list(item))
+        else:
+            expected = "a text, a token-id list or a prompt dict" if param == "prompts" else "a list of token ids"
+            raise InvalidRequestError(f"Each item of {param} must be {expected}; got {type(item).__name__}.",
+                                      param=param)
+    return inputs
 
 
 def _merge(merged: RequestOutput, delta: RequestOutput) -> None:

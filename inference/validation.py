@@ -43,3 +43,43 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
             f"{num_prompt + params.max_tokens} tokens ({num_prompt} in the prompt, {params.max_tokens} "
             f"for the completion, max_tokens). Reduce the prompt or max_tokens.", param="max_tokens")
     return params.max_tokens
+
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's
+
+
+def normalize_chat_messages(messages: list) -> list[dict]:
+    """Check a conversation (OpenAI chat messages) and return it with every ``content`` a string: text
+    parts joined, and an assistant message's null content (one with tool calls) made empty.
+
+    Raises:
+        InvalidRequestError (param ``messages``): not a list of objects with a known ``role`` and a
+            string or text-part ``content``, naming the message.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of {'role', 'content'} objects.",
+                                  param="messages")
+    normalized = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequestError(f"'messages[{i}]' must be an object with a 'role'.", param="messages")
+        if message["role"] not in CHAT_ROLES:
+            raise InvalidRequestError(f"'messages[{i}].role' is {message['role']!r}; expected one of "
+                                      f"{', '.join(sorted(CHAT_ROLES))}.", param="messages")
+        content = message.get("content")
+        if content is None:  # OpenAI allows it only for an assistant message (one with tool calls)
+            if message["role"] != "assistant":
+                raise InvalidRequestError(f"'messages[{i}].content' is required for a {message['role']!r} "
+                                          "message.", param="messages")
+            message = dict(message, content="")
+        elif isinstance(content, list):  # content parts: keep the text ones
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
+                raise InvalidRequestError(f"'messages[{i}].content' may only hold text parts, each with a "
+                                          "string 'text'.", param="messages")
+            message = dict(message, content="".join(parts))
+        elif not isinstance(content, str):
+            raise InvalidRequestError(f"'messages[{i}].content' must be a string or an array of parts.",
+                                      param="messages")
+        normalized.append(message)
+    return normalized

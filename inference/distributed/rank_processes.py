@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 import time
 import weakref
 from multiprocessing.connection import wait as wait_for_connections
@@ -20,7 +21,7 @@ from multiprocessing.connection import wait as wait_for_connections
 import torch
 import torch.multiprocessing as mp
 
-from ..errors import TesseraError
+from ..errors import InvalidRequestError, TesseraError
 from .process_group import open_store
 from .rank_worker import rank_main
 
@@ -91,6 +92,12 @@ class RankProcesses:
     """
 
     def __init__(self, config, num_kv_blocks: int | None, num_threads: int) -> None:
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_file is not None and os.path.basename(main_file) == "<stdin>":
+            raise InvalidRequestError("tensor_parallel_size > 1 cannot run from a script read on standard input "
+                                      "(python -): the rank processes import the main script again. Save it to "
+                                      "a file, with the LLM created under if __name__ == '__main__':.",
+                                      param="tensor_parallel_size")
         self.world_size = config.tensor_parallel_size
         self.store = open_store(self.world_size)
         ctx = mp.get_context("spawn")
@@ -163,13 +170,17 @@ class RankProcesses:
             return self.failed
         deadline = time.monotonic() + REPORT_WAIT_S
         while self._finalizer.alive and time.monotonic() < deadline:
-            for rank, (conn, proc) in enumerate(zip(self.connections, self.processes), start=1):
+            ranks = list(enumerate(zip(self.connections, self.processes), start=1))
+            # A rank that died without a report (killed) comes first: its peers' errors are the
+            # collectives it broke, and they may report before its death is seen.
+            for rank, (conn, proc) in ranks:
+                if not proc.is_alive() and not conn.poll():
+                    return self._fail(rank, f"the process {_describe_exit(proc.exitcode)}")
+            for rank, (conn, proc) in ranks:
                 if conn.poll():
                     kind, detail = self._receive(rank)
                     if kind == "error":
                         return self._fail(rank, detail)
-                if not proc.is_alive() and not conn.poll():
-                    return self._fail(rank, f"the process {_describe_exit(proc.exitcode)}")
             time.sleep(0.05)
         self.failed = TensorParallelError(f"tensor-parallel rank 0 failed: {error!r}", rank=0)
         self.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import types
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +71,26 @@ class EngineArgs:
             raise InvalidRequestError(f"Unknown engine argument(s): {', '.join(unknown)}.", param=unknown[0])
         return cls(**kwargs)
 
+    def _check_types(self) -> None:
+        """Each argument has its annotated type (ints for floats too; ``dtype`` may be a torch.dtype), so
+        that a wrong type is an error naming it, not a TypeError later."""
+        extra = {"dtype": (torch.dtype,)}
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            hint, value = hints[field.name], getattr(self, field.name)
+            allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+            allowed = tuple(a for a in allowed if isinstance(a, type)) + extra.get(field.name, ())
+            if float in allowed:
+                allowed += (int,)
+            if isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool)):
+                continue
+            names = " or ".join("None" if a is type(None) else a.__name__ for a in allowed if a is not int or
+                                float not in allowed)
+            raise InvalidRequestError(f"{field.name} must be {names}, got {value!r} ({type(value).__name__}).",
+                                      param=field.name)
+
     def _check_ranges(self) -> None:
+        self._check_types()
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise InvalidRequestError(f"block_size must be a power of two up to 128, got {self.block_size}.",
                                       param="block_size")

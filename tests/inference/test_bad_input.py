@@ -116,7 +116,8 @@ def test_bad_engine_arguments():
         LLM(no_such_flag=1)
     assert info.value.param == "no_such_flag"
     for field, value in (("max_model_len", -5), ("max_model_len", 0), ("max_num_batched_tokens", 0),
-                         ("kv_cache_space", -1.0), ("kv_cache_space", 1e9)):
+                         ("kv_cache_space", -1.0), ("kv_cache_space", 1e9), ("max_model_len", "abc"),
+                         ("tensor_parallel_size", "3"), ("enforce_eager", 1), ("gpu_memory_utilization", "0.5")):
         with pytest.raises(InvalidRequestError) as info:  # refused before the model loads
             LLM(**{field: value})
         assert info.value.param == field and str(value) in str(info.value)
@@ -156,3 +157,30 @@ def test_llm_generate_with_one_bad_prompt_queues_nothing():
     assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.timeout(180)
+def test_library_prompts_of_every_documented_form_and_wrong_ones():
+    """vLLM's prompt dicts give the same tokens as the keyword forms; anything else is an error naming
+    the argument (not a TypeError, nor a dict read as the text of its key)."""
+    llm = LLM(max_model_len=128, kv_cache_space=0.2)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    ids = llm.get_tokenizer().encode("The capital of France is")
+    by_keyword = llm.generate(prompt_token_ids=[ids], sampling_params=greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)[0].outputs[0].token_ids == by_keyword
+    assert llm.generate(prompt_token_ids=ids, sampling_params=greedy, use_tqdm=False)[0].outputs[0].token_ids \
+        == by_keyword  # one flat list is one prompt
+    text = llm.generate([{"prompt": "The capital of France is"}], greedy, use_tqdm=False)[0].outputs[0]
+    assert text.token_ids == llm.generate("The capital of France is", greedy, use_tqdm=False)[0].outputs[0].token_ids
+    for call, param in ((lambda: llm.generate(5), "prompts"), (lambda: llm.generate(None), "prompts"),
+                        (lambda: llm.generate([3.5]), "prompts"), (lambda: llm.generate({"text": "x"}), "prompts"),
+                        (lambda: llm.generate("a", {"max_tokens": 2}), "sampling_params"),
+                        (lambda: llm.generate(prompt_token_ids=[["a"]]), "prompt_token_ids"),
+                        (lambda: llm.generate({"prompt_token_ids": [10**6]}, greedy), "prompt"),
+                        (lambda: llm.chat([{"role": "wizard", "content": "hi"}]), "messages"),
+                        (lambda: llm.chat([{"role": "user"}]), "messages"),
+                        (lambda: llm.chat("hi"), "messages")):
+        with pytest.raises(InvalidRequestError) as info:
+            call()
+        assert info.value.param == param, info.value
+    assert not llm.llm_engine.has_unfinished_requests()

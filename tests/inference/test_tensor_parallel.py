@@ -226,3 +226,15 @@ def test_ranks_exit_when_rank0_is_killed(tiny_qwen2, tmp_path):
         proc.kill()
         proc.wait()
     assert _wait_gone(pids, 10) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_script_on_standard_input_gets_a_clear_error(tiny_qwen2):
+    """The rank processes import the main script again, which ``python -`` cannot offer: the error says
+    so (it used to be a rank failing with FileNotFoundError '<stdin>')."""
+    code = ("from inference import LLM, InvalidRequestError\n"
+            f"try:\n    LLM(model={tiny_qwen2!r}, tensor_parallel_size=2, max_model_len=256, kv_cache_space=0.05)\n"
+            "except InvalidRequestError as error:\n    print(error.param, error)\n")
+    done = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=100,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
+    assert done.stdout.startswith("tensor_parallel_size ") and "standard input" in done.stdout, done.stderr[-2000:]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from webapp import launcher
 
@@ -13,6 +14,9 @@ from webapp import launcher
 @pytest.mark.parametrize("flags, message", [
     (["--quantization", "awq", "--group-size", "100"], "group_size=100 must be -1 or a multiple of 16"),
     (["--quantization", "awq", "--desc-act"], "desc_act (act-order) applies to GPTQ only"),
+    (["--quantization", "awq", "--device", "gpu"], "--device 'gpu' is not a device name"),
+    pytest.param(["--quantization", "awq", "--device", "cuda"], "this machine has no CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine can quantize there")),
 ])
 def test_quantize_command_names_the_bad_argument(tmp_path, flags, message):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))

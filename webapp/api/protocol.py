@@ -11,6 +11,7 @@ from typing import Any
 
 from inference.errors import InvalidRequestError
 from inference.sampling_params import SamplingParams
+from inference.validation import normalize_chat_messages
 
 from .errors import APIError, bad_request
 
@@ -19,7 +20,6 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
                list: "an array", dict: "an object"}
 
 
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object.
@@ -205,27 +205,10 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     messages = body.get("messages", list, None)
     if not messages:
         raise bad_request("'messages' is required and must be a non-empty array.", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad_request(f"'messages[{i}]' must be an object with a 'role'.", param="messages")
-        if message["role"] not in CHAT_ROLES:
-            raise bad_request(f"'messages[{i}].role' is {message['role']!r}; expected one of "
-                              f"{', '.join(sorted(CHAT_ROLES))}.", param="messages")
-        content = message.get("content")
-        if content is None:  # OpenAI allows it only for an assistant message (one with tool calls)
-            if message["role"] != "assistant":
-                raise bad_request(f"'messages[{i}].content' is required for a {message['role']!r} message.",
-                                  param="messages")
-            message = messages[i] = dict(message, content="")
-        elif isinstance(content, list):  # content parts: keep the text ones
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
-                raise bad_request(f"'messages[{i}].content' may only hold text parts, each with a string "
-                                  "'text'.", param="messages")
-            message = messages[i] = dict(message, content="".join(parts))
-        elif not isinstance(content, str):
-            raise bad_request(f"'messages[{i}].content' must be a string or an array of parts.",
-                              param="messages")
+    try:
+        messages = normalize_chat_messages(messages)
+    except InvalidRequestError as error:
+        raise APIError.from_engine(error) from None
     logprobs = body.get("logprobs", bool, False)
     top_logprobs = body.get("top_logprobs", int, None)
     if top_logprobs is not None and not logprobs:

@@ -3,9 +3,9 @@ that Tessera and transformers load (a thin wrapper over ``inference.quantization
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
 
+import torch
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.errors import TesseraError
@@ -34,6 +34,12 @@ class Command(BaseCommand):
         logging.getLogger("inference").setLevel(logging.INFO)
         if options["num_samples"] < 1 or options["seq_len"] < 2:
             raise CommandError("--num-samples must be at least 1 and --seq-len at least 2.")
+        try:
+            device = torch.device(options["device"])
+        except RuntimeError as exc:
+            raise CommandError(f"--device {options['device']!r} is not a device name (cpu, cuda, cuda:N).") from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise CommandError(f"--device {options['device']}: this machine has no CUDA GPU; use --device cpu.")
         output = Path(options["output_dir"])
         if output.exists() and (not output.is_dir() or any(output.iterdir())):
             raise CommandError(f"--output-dir {output} exists and is not an empty directory; choose a new one.")
