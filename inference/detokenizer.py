@@ -129,6 +129,12 @@ class IncrementalDetokenizer:
         """
         if self._done:
             raise RuntimeError("update() called after the output finished or hit a stop string")
+        if not self._stop and not finished and len(new_token_ids) == 1:  # one streamed token (the hot path)
+            self._num_output_tokens += 1
+            delta = self._append(new_token_ids[0])
+            if delta:
+                self._chunks.append(delta)
+            return delta, None
         out: list[str] = []
         stopped = False
         for token_id in new_token_ids:
