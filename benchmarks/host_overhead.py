@@ -10,6 +10,7 @@ CPU time (``time.process_time``), so other load on a shared machine does not inf
 
     python benchmarks/host_overhead.py                          # 256 requests, prompts 100..128, 96 outputs
     python benchmarks/host_overhead.py --profile 40             # plus a cProfile of 40 decode steps
+                                                                # (and Python calls per step)
     python benchmarks/host_overhead.py --tag after-persistent   # result file suffix
 
 Also reports the Triton backend's input building (``host_batch`` + ``device_inputs``, the H200
@@ -179,7 +180,9 @@ def main() -> None:
     }
     if profiler is not None:
         stream = io.StringIO()
-        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(30)
+        stats = pstats.Stats(profiler, stream=stream)
+        result["python_calls_per_step"] = round(stats.total_calls / num_profiled)  # noise-free proxy
+        stats.sort_stats("tottime").print_stats(30)
         result["profile_top_tottime"] = stream.getvalue().splitlines()[:60]
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"host_overhead_{args.tag}.json"
