@@ -118,6 +118,7 @@ class LLM:
     def _run(self, ids: list[str], show_progress: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         results: dict[str, RequestOutput] = {}
+        texts: dict[str, dict[int, list[str]]] = {}  # request -> sample index -> text deltas, joined at the end
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not show_progress)
         while engine.has_unfinished_requests():
             for delta in engine.step():
@@ -125,11 +126,14 @@ class LLM:
                 if merged is None:
                     merged = results[delta.request_id] = copy.copy(delta)
                     merged.outputs = []
-                _merge(merged, delta)
+                    texts[delta.request_id] = {}
+                _merge(merged, delta, texts[delta.request_id])
                 if delta.finished:
                     bar.update(1)
         bar.close()
-        for out in results.values():
+        for request_id, out in results.items():
+            for output in out.outputs:
+                output.text = "".join(texts[request_id][output.index])
             out.outputs.sort(key=lambda o: o.index)
         return [results[i] for i in ids]
 
@@ -170,18 +174,27 @@ def _prompt_inputs(prompts, prompt_token_ids) -> list:
     return inputs
 
 
-def _merge(merged: RequestOutput, delta: RequestOutput) -> None:
-    by_index = {o.index: o for o in merged.outputs}
+def _merge(merged: RequestOutput, delta: RequestOutput, texts: dict[int, list[str]]) -> None:
+    """Add a step's delta to the merged output; text goes to ``texts`` (joined once at the end:
+    appending to a string attribute would copy the whole text at every step)."""
+    outputs, by_index = merged.outputs, None
     for part in delta.outputs:
-        target = by_index.get(part.index)
-        if target is None:
-            target = CompletionOutput(index=part.index)
-            merged.outputs.append(target)
-            by_index[part.index] = target
-        target.text += part.text
+        if len(outputs) == 1 and outputs[0].index == part.index:  # n=1: no index needed
+            target = outputs[0]
+        else:
+            if by_index is None:
+                by_index = {o.index: o for o in outputs}
+            target = by_index.get(part.index)
+            if target is None:
+                target = by_index[part.index] = CompletionOutput(index=part.index)
+                outputs.append(target)
+                texts[part.index] = []
+        texts[part.index].append(part.text)
         target.token_ids.extend(part.token_ids)
         if part.logprobs is not None:
-            target.logprobs = (target.logprobs or []) + part.logprobs
+            if target.logprobs is None:
+                target.logprobs = []
+            target.logprobs.extend(part.logprobs)
         target.cumulative_logprob = part.cumulative_logprob
         if part.finish_reason is not None:
             target.finish_reason, target.stop_reason = part.finish_reason, part.stop_reason

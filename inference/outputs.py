@@ -16,7 +16,7 @@ class Logprob:
     decoded_token: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one is made per request and step
 class CompletionOutput:
     """One sample of a request.
 
@@ -37,7 +37,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """What a request produced so far.
 

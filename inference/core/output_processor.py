@@ -31,13 +31,14 @@ class SequenceOutputState:
 def check_stop_token(request: Request, token_id: int) -> RequestStatus | None:
     """The finish status implied by the newly appended ``token_id``, if any (before stop strings)."""
     params = request.sampling_params
-    if request.num_output_tokens >= params.min_tokens:
+    num_output_tokens = len(request.output_token_ids)
+    if num_output_tokens >= params.min_tokens:
         if token_id in params.stop_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
         if not params.ignore_eos and token_id in params.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= request.max_tokens:
+    if num_output_tokens >= request.max_tokens:
         return RequestStatus.FINISHED_LENGTH
     return None
 
@@ -63,9 +64,10 @@ def append_sampled_token(request: Request, token_id: int, max_model_len: int) ->
     """
     if request.first_token_time is None:
         request.first_token_time = time.monotonic()
-    request.append_output_token(token_id)
+    request.output_token_ids.append(token_id)  # request.append_output_token, inlined (hot path)
+    request.all_token_ids.append(token_id)
     status = check_stop_token(request, token_id)
-    if status is None and request.num_tokens >= max_model_len:
+    if status is None and len(request.all_token_ids) >= max_model_len:
         status = RequestStatus.FINISHED_LENGTH
     return status
 

@@ -173,10 +173,10 @@ class Scheduler:
         a stop string computes one token that is thrown away)."""
         if self.num_waiting or prev.preempted_ids or len(self.running) != len(prev.scheduled):
             return False
-        for item, request in zip(prev.scheduled, self.running):
+        for item, request in zip(prev.scheduled, self.running):  # properties inlined: the hot path
             if (item.request is not request or item.num_scheduled_tokens != 1 or not item.samples or item.forks
-                    or request.num_output_tokens + 1 >= request.sampling_params.max_tokens
-                    or request.num_tokens + 1 >= max_model_len):
+                    or len(request.output_token_ids) + 1 >= request.sampling_params.max_tokens
+                    or len(request.all_token_ids) + 1 >= max_model_len):
                 return False
         return True
 
@@ -185,11 +185,10 @@ class Scheduler:
         ``update_after_step(prev)``): one token per request, whose input is the token ``prev``
         samples on the device. None when the KV pool cannot hold the new tokens (the regular
         :meth:`schedule` then preempts); slots already given stay with their requests."""
-        out = SchedulerOutput()
-        for item in prev.scheduled:
-            if not self.kv.allocate_slots(item.request, 1):
-                return None
-            out.scheduled.append(ScheduledRequest(item.request, 1, True))
+        if not self.kv.allocate_decode_slots([item.request for item in prev.scheduled]):
+            return None
+        # prev's items are exactly this step's: one token each, sampled, no forks (can_schedule_ahead)
+        out = SchedulerOutput(scheduled=list(prev.scheduled))
         ops = self.kv.take_block_ops()
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
@@ -197,14 +196,17 @@ class Scheduler:
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step and register
         its newly completed blocks in the prefix cache."""
+        fair_share, kv = self.fair_share, self.kv
         for item in out.scheduled:
-            item.request.num_computed_tokens += item.num_scheduled_tokens
-            if self.fair_share is not None:
-                self.fair_share.charge(item.request.tenant_id, item.num_scheduled_tokens)
-            if not item.request.is_finished:  # a stop string can end it while the step runs: blocks freed
-                self.kv.cache_blocks(item.request)
+            request = item.request
+            request.num_computed_tokens += item.num_scheduled_tokens
+            if fair_share is not None:
+                fair_share.charge(request.tenant_id, item.num_scheduled_tokens)
+            # a stop string can end a request while the step runs: its blocks are freed
+            if kv.enable_prefix_caching and not request.is_finished:
+                kv.cache_blocks(request)
             if item.forks:
-                self._fork(item.request)
+                self._fork(request)
 
     def _fork(self, leader: Request) -> None:
         """Give the leader's followers its block table (shared) and let them run. Those beyond

@@ -280,47 +280,50 @@ class LLMEngine:
         self.device_wait_seconds += time.perf_counter() - waited
         if not updated:  # scheduling ahead already advanced the requests
             self.scheduler.update_after_step(sched_out)
-        sampled = iter(zip(runner_out.sampled_token_ids, runner_out.logprobs))
+        token_ids, logprobs_list, prompt_logprobs = (runner_out.sampled_token_ids, runner_out.logprobs,
+                                                     runner_out.prompt_logprobs)
+        parents, max_model_len, finish_request = self._parents, self.max_model_len, self.scheduler.finish_request
         result = []
+        row = 0  # the next sampled row: one per sampling request, in batch order
+        generated = 0
         for item in sched_out.scheduled:
             req = item.request
-            if not item.samples:
-                tokens = ()
-            elif item.forks:
-                tokens = [(sample, *next(sampled)) for sample in item.sampling_requests]
-            else:
-                tokens = ((req, *next(sampled)),)
-            parent = self._parents.get(req.parent_id)
+            samples = () if not item.samples else item.sampling_requests if item.forks else (req,)
+            first_row, row = row, row + len(samples)
+            parent = parents.get(req.parent_id)
             if parent is None:  # aborted while in flight
                 continue
-            if req.request_id in runner_out.prompt_logprobs and not req.is_finished:
-                result.append((parent, req, None, runner_out.prompt_logprobs[req.request_id], None))
+            if prompt_logprobs and req.request_id in prompt_logprobs and not req.is_finished:
+                result.append((parent, req, None, prompt_logprobs[req.request_id], None))
             start = req.num_computed_tokens - item.num_scheduled_tokens
-            if start < req.num_prompt_tokens:  # a prompt chunk (decodes skip this bookkeeping)
+            if start < len(req.prompt_token_ids):  # a prompt chunk (decodes skip this bookkeeping)
                 self.prompt_tokens_computed_total += min(req.num_computed_tokens, req.num_prompt_tokens) - start
-                if item.samples and req.num_output_tokens == 0:
+                if samples and req.num_output_tokens == 0:
                     self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
-            for sample, token_id, logprobs in tokens:
+            for index, sample in enumerate(samples, first_row):
                 if sample.is_finished:  # ended by a stop string (or aborted) while in flight
                     continue
-                self.generation_tokens_total += 1
-                status = append_sampled_token(sample, token_id, self.max_model_len)
+                generated += 1
+                token_id = token_ids[index]
+                status = append_sampled_token(sample, token_id, max_model_len)
                 if status is not None:
-                    self.scheduler.finish_request(sample, status)
-                result.append((parent, sample, token_id, logprobs, status))
+                    finish_request(sample, status)
+                result.append((parent, sample, token_id, logprobs_list[index], status))
+        self.generation_tokens_total += generated
         return result
 
     def _detokenize(self, sampled: list[tuple]) -> list[RequestOutput]:
         """Step 3 of ``step()``: text deltas of the tokens from step 1."""
         touched: dict[str, _ParentRequest] = {}
+        parents, tokenizer = self._parents, self.tokenizer
         for parent, req, token_id, logprobs, status in sampled:
-            if parent.request_id not in self._parents:  # aborted meanwhile
+            if parent.request_id not in parents:  # aborted meanwhile
                 continue
             if token_id is None:
                 self._record_prompt_logprobs(parent, req, logprobs)
                 continue
             status = detokenize_sampled_token(req, parent.states[req.request_id], token_id, logprobs, status,
-                                              self.tokenizer)
+                                              tokenizer)
             if status is not None:
                 if not req.is_finished:  # a stop string: the token ids alone did not finish it
                     self.scheduler.finish_request(req, status)
@@ -338,8 +341,11 @@ class LLMEngine:
             parent.prompt_logprobs.append(logprobs_entry(self.tokenizer, ids[row], values[row], int(ranks[row])))
 
     def _collect(self, parent: _ParentRequest) -> RequestOutput:
-        deltas = [parent.states[c.request_id].take_delta() for c in parent.children
-                  if parent.states[c.request_id].pending.token_ids or parent.states[c.request_id].pending.finish_reason]
+        if len(parent.children) == 1:  # n=1: touched in this step, so it has a token or a finish
+            deltas = [next(iter(parent.states.values())).take_delta()]
+        else:
+            deltas = [state.take_delta() for state in parent.states.values()  # children's order
+                      if state.pending.token_ids or state.pending.finish_reason]
         finished = len(parent.finished_children) == len(parent.children)
         if finished:
             del self._parents[parent.request_id]
@@ -348,9 +354,10 @@ class LLMEngine:
     def _request_output(self, parent: _ParentRequest, deltas: list[CompletionOutput], finished: bool) -> RequestOutput:
         first = parent.children[0]
         metrics = {"arrival": first.arrival_time}
-        for key, value in (("first_scheduled", first.first_scheduled_time), ("first_token", first.first_token_time)):
-            if value is not None:
-                metrics[key] = value
+        if first.first_scheduled_time is not None:
+            metrics["first_scheduled"] = first.first_scheduled_time
+        if first.first_token_time is not None:
+            metrics["first_token"] = first.first_token_time
         if finished:
             metrics["finished"] = time.monotonic()
         prompt_logprobs = None

@@ -164,6 +164,20 @@ class KVCacheManager:
             request.block_ids.extend(self.pool.allocate(needed))
         return True
 
+    def allocate_decode_slots(self, requests: list[Request]) -> bool:
+        """``allocate_slots(request, 1)`` for each request in order (a decode step), stopping at
+        the first that fails; those before it keep their slots. Returns whether all succeeded.
+        A request whose next token fits in a last block that it alone holds needs nothing (the
+        common case, checked without a call)."""
+        block_size, ref_cnt = self.block_size, self.pool.ref_cnt
+        for request in requests:
+            position, block_ids = request.num_computed_tokens, request.block_ids
+            if position < len(block_ids) * block_size and ref_cnt[block_ids[position // block_size]] == 1:
+                continue
+            if not self.allocate_slots(request, 1):
+                return False
+        return True
+
     def _admit(self, request: Request, hit: ComputedBlocks) -> None:
         if hit.block_ids:
             self.pool.touch(hit.block_ids)

@@ -65,6 +65,8 @@ def host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> Ho
     """Flatten the scheduled requests into host arrays (one pass, vectorised where it counts).
     ``ahead``: a decode step scheduled before the previous step's tokens are known (their input
     ids are placeholders, filled in on the device)."""
+    if ahead:
+        return _decode_ahead_batch(out, block_size)
     num_reqs = len(out.scheduled)
     counts = np.fromiter((s.num_scheduled_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
     contexts = np.fromiter((s.request.num_computed_tokens for s in out.scheduled), dtype=np.int64, count=num_reqs)
@@ -100,6 +102,22 @@ def host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> Ho
     slots = block_of_token * block_size + positions % block_size
     return HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
                       contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows)
+
+
+def _decode_ahead_batch(out: SchedulerOutput, block_size: int) -> HostBatch:
+    """``host_batch`` of a decode step scheduled ahead (``Scheduler.schedule_ahead``): one token
+    per request, each sampled, no forks, no prompt logprobs (every request has sampled already),
+    so every array but the block tables and the contexts is an ``arange``."""
+    num_reqs = len(out.scheduled)
+    tables = [item.request.block_ids for item in out.scheduled]
+    contexts = np.fromiter((item.request.num_computed_tokens for item in out.scheduled), dtype=np.int64,
+                           count=num_reqs)
+    block_of_token = np.fromiter((table[ctx // block_size] for table, ctx in zip(tables, contexts.tolist())),
+                                 dtype=np.int64, count=num_reqs)
+    slots = block_of_token * block_size + contexts % block_size
+    rows = np.arange(num_reqs, dtype=np.int64)
+    return HostBatch(np.zeros(num_reqs, dtype=np.int64), contexts, slots, np.arange(num_reqs + 1, dtype=np.int32),
+                     contexts.astype(np.int32), tables, rows, {})
 
 
 def device_inputs(host: HostBatch, block_size: int, device: str, backend: str = "torch",

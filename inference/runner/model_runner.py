@@ -206,6 +206,8 @@ class ModelRunner:
             swap_blocks(self.cpu_kv_caches, self.kv_caches, plan.blocks_to_swap_in)
 
     def _prompt_logprobs(self, sched_out, inputs, hidden) -> dict:
+        if not inputs.prompt_logprob_rows:
+            return {}
         requests = {item.request.request_id: item.request for item in sched_out.scheduled} if sched_out else {}
         result = {}
         for request_id, (first, scored) in inputs.prompt_logprob_rows.items():
