@@ -31,7 +31,8 @@ class PhaseTimers:
         from inference.runner import model_runner
         from inference.sampling import SamplingMetadata
         runner = engine.runner
-        self._wrap(model_runner, "prepare_inputs", "launch.prepare_inputs")
+        self._wrap(model_runner, "host_batch", "launch.host_batch")
+        self._wrap(model_runner, "device_inputs", "launch.device_inputs")
         self._wrap(SamplingMetadata, "from_requests", "launch.sampling_metadata")
         self._wrap(model_runner, "StepHandle", "launch.step_handle")
         self._wrap(runner, "sampler", "launch.sampler")
