@@ -33,6 +33,7 @@ HISTOGRAMS = {
     "request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
     "request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
     "request_generation_tokens": "Number of generation tokens processed.",
+    "request_prompt_tokens": "Number of prefill tokens processed.",
 }
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),

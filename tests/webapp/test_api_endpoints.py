@@ -13,12 +13,18 @@ def test_health_and_version(stack):
     assert json.loads(body) == {"status": "ok", "num_workers": 1}
     status, _, body = http("GET", stack.base_url + "/version")
     assert status == 200 and json.loads(body)["version"]
+    status, _, body = http("HEAD", stack.base_url + "/health")  # load balancers' probes
+    assert status == 200 and body == b""
+    for method in ("GET", "POST"):  # vLLM's /ping
+        status, _, body = http(method, stack.base_url + "/ping")
+        assert status == 200 and json.loads(body)["status"] == "ok"
 
 
 def test_health_without_worker_is_503_in_the_error_envelope(tmp_path):
     web_only = Stack(tmp_path, num_workers=0)  # its own Redis: no worker anywhere
     try:
         status, headers, body = http("GET", web_only.base_url + "/health")
+        assert http("HEAD", web_only.base_url + "/health")[0] == 503
     finally:
         web_only.stop()
     assert status == 503 and headers["Content-Type"] == "application/json"
@@ -52,7 +58,8 @@ def test_metrics_use_vllm_names(stack):
                           "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count")
     time.sleep(1.2)  # earlier tests' requests reach the heartbeat first (published every 0.5 s)
     before = metrics_text(stack.base_url)
-    stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
+    completion = stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=3,
+                                                   extra_body={"ignore_eos": True})
     deadline = time.monotonic() + 3  # workers publish every heartbeat (0.5 s)
     while metric_value(text := metrics_text(stack.base_url), success) < metric_value(before, success) + 1:
         assert time.monotonic() < deadline
@@ -66,13 +73,15 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:prefix_cache_hits_total", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc",
                  "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
                  "vllm:request_decode_time_seconds_bucket", "vllm:request_inference_time_seconds_bucket",
-                 "vllm:request_generation_tokens_bucket"):
+                 "vllm:request_generation_tokens_bucket", "vllm:request_prompt_tokens_bucket"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
     assert metric_value(text, ttft) == metric_value(before, ttft) + 1
     for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
                  "vllm:request_decode_time_seconds_count", "vllm:request_inference_time_seconds_count",
-                 "vllm:request_generation_tokens_count"):
+                 "vllm:request_generation_tokens_count", "vllm:request_prompt_tokens_count"):
         assert metric_value(text, name) == metric_value(before, name) + 1, name
+    prompt_tokens = "vllm:request_prompt_tokens_sum"
+    assert metric_value(text, prompt_tokens) == metric_value(before, prompt_tokens) + completion.usage.prompt_tokens
     tokens = "vllm:request_generation_tokens_sum"
     assert metric_value(text, tokens) == metric_value(before, tokens) + 3  # max_tokens=3, ignore_eos
     assert metric_value(text, itl) == metric_value(before, itl) + 2  # 3 tokens: 2 gaps

@@ -10,6 +10,7 @@ urlpatterns = [
     path("tokenize", views.tokenize, name="tokenize"),
     path("detokenize", views.detokenize, name="detokenize"),
     path("health", views.health, name="health"),
+    path("ping", views.health, name="ping"),  # vLLM's (SageMaker's) liveness path
     path("version", views.version, name="version"),
     path("metrics", views.metrics, name="metrics"),
     path("", views.index, name="index"),

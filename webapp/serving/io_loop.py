@@ -235,7 +235,8 @@ class WorkerIO(threading.Thread):
     def _observe(self, message: dict, step_time: float) -> None:
         outputs = message["outputs"]
         self.metrics.on_delta(message["rid"], sum(len(o["token_ids"]) for o in outputs), step_time,
-                              message["metrics"], message["finished"], [o["finish_reason"] for o in outputs])
+                              message["metrics"], message["finished"], [o["finish_reason"] for o in outputs],
+                              message.get("num_prompt_tokens"))
 
     async def _control(self) -> None:
         while True:

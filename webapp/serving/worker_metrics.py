@@ -34,6 +34,7 @@ HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bou
     "request_decode_time_seconds": E2E_BUCKETS,
     "request_inference_time_seconds": E2E_BUCKETS,
     "request_generation_tokens": TOKEN_BUCKETS,
+    "request_prompt_tokens": TOKEN_BUCKETS,
 }
 ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",  # engine stats
                    "prefix_cache_queries_total", "prefix_cache_hits_total", "num_swapped_out_total")
@@ -82,14 +83,16 @@ class RequestMetrics:
         self.decode = self.histograms["request_decode_time_seconds"]  # first token -> last token
         self.inference = self.histograms["request_inference_time_seconds"]  # first scheduled -> finished
         self.generation_tokens = self.histograms["request_generation_tokens"]  # output tokens, all choices
+        self.prompt_tokens = self.histograms["request_prompt_tokens"]
         self.success: Counter[str] = Counter()
         # rid -> [time of first token, time of last token, tokens so far] (monotonic seconds)
         self._live: dict[str, list[float]] = {}
 
     def on_delta(self, rid: str, num_new_tokens: int, step_time: float, metrics: dict[str, float],
-                 finished: bool, finish_reasons: list[str | None]) -> None:
+                 finished: bool, finish_reasons: list[str | None], num_prompt_tokens: int | None = None) -> None:
         """Account for one delta of request ``rid`` produced by the step that ended at
-        ``step_time`` (``time.monotonic`` seconds); ``metrics`` are the engine's timestamps."""
+        ``step_time`` (``time.monotonic`` seconds); ``metrics`` are the engine's timestamps;
+        ``num_prompt_tokens`` (when known) goes to the prompt-length histogram once the request finishes."""
         live = self._live.get(rid)
         if num_new_tokens:
             if live is None:
@@ -114,6 +117,8 @@ class RequestMetrics:
                 self.e2e.observe(max(0.0, done - arrival))
             if "first_scheduled" in metrics:
                 self.inference.observe(max(0.0, done - metrics["first_scheduled"]))
+            if num_prompt_tokens:
+                self.prompt_tokens.observe(num_prompt_tokens)
             if live is not None:
                 self.decode.observe(live[1] - live[0])
                 self.generation_tokens.observe(live[2])
