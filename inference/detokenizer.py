@@ -131,16 +131,7 @@ class IncrementalDetokenizer:
             raise RuntimeError("update() called after the output finished or hit a stop string")
         if not self._stop and not finished and len(new_token_ids) == 1:  # one streamed token (the hot path)
             self._num_output_tokens += 1
-            token_id = new_token_ids[0]
-            if token_id in self._special_ids:
-                delta = self._append(token_id)
-            else:  # _append and _runs_text, inlined
-                self._ids.append(token_id)
-                delta = self._advance(final=False)
-                if delta:
-                    if self._space_next:
-                        delta, self._space_next = " " + delta, False
-                    self._produced = True
+            delta = self._append(new_token_ids[0])  # without stop strings nothing is held back
             if delta:
                 self._chunks.append(delta)
             return delta, None

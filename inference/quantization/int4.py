@@ -116,7 +116,7 @@ class Int4LinearMethod(LinearMethodBase):
             layer.replace("qzeros", packing.pack_cols(zeros))
             # The decode kernel's split-K arrival counters: zero between calls (the kernel resets them).
             layer.register_buffer("split_k_counters", torch.zeros(
-                2 * -(-layer.out_features // 32), dtype=torch.int32, device=codes.device), persistent=False)
+                packing.counters_size(layer.out_features), dtype=torch.int32, device=codes.device), persistent=False)
 
     @staticmethod
     def _act_order_perm(layer: QuantizedLinear, g_idx: torch.Tensor) -> torch.Tensor:

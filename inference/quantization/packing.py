@@ -32,6 +32,13 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # code slot i of an AWQ int32 holds column
 PACK_K = 128                          # input rows per tile of the internal K-tiled qweight
 
 
+def counters_size(out_features: int) -> int:
+    """Split-K arrival counters (int32) a layer of ``out_features`` needs for every config of the W4A16
+    decode kernel (``triton_w4a16_decode.decode_config``) and the benchmark sweep: tiles of at least 32
+    columns, at most 2 row blocks."""
+    return 2 * -(-out_features // 32)
+
+
 def _shifts(device) -> torch.Tensor:
     # Made per call on an explicit device: this module may first be imported under torch.device("meta").
     return torch.arange(0, 32, 4, dtype=torch.int64, device=device)

@@ -250,7 +250,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         group_size: input rows per group, a multiple of 16.
         perm: ``[K]`` int64, act-order: input row ``k`` multiplies ``x[:, perm[k]]``.
         bias: ``[N]``, added in float32.
-        counters: ``[>= 2 * cdiv(N, 64)]`` int32 zeros, kept between calls (a layer's buffer); allocated
+        counters: ``[>= packing.counters_size(N)]`` int32 zeros, kept between calls (a layer's buffer); allocated
             per call when None.
         num_sms: SMs to fill; config: launch parameters (default ``decode_config``).
 
@@ -296,9 +296,3 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
-
-
-def counters_size(out_features: int) -> int:
-    """Split-K arrival counters a layer of ``out_features`` needs for every config ``decode_config`` and
-    the benchmark sweep can pick (tiles of at least 32 columns, at most 2 row blocks)."""
-    return 2 * triton.cdiv(out_features, 32)
