@@ -72,14 +72,34 @@ class Child:
         """Ask the process to stop, wait up to ``timeout`` seconds, then kill it; returns its exit code."""
         if self.alive():
             self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        return self._reap(timeout)
+
+    def _reap(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the process to end, then kill it; close its log."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         if self._log:
             self._log.close()
         return self.proc.returncode
+
+
+def stop_all(children: list[Child], timeout: float = 15.0) -> None:
+    """Stop ``children`` together: all but Redis get SIGTERM at once and share one ``timeout`` (then
+    SIGKILL), so that several web processes and workers take one grace period, not one each; Redis,
+    which the workers use while they stop, goes last."""
+    first = [child for child in children if child.name != "redis"]
+    for child in first:
+        if child.alive():
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for child in first:
+        child._reap(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.name == "redis":
+            child.stop(timeout)
 
 
 def start_redis(port: int | None = None, log_path: str | None = None) -> tuple[Child, str]:

@@ -98,8 +98,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stdout.write("Stopping...")
         finally:
-            for child in reversed(children):  # web first, then workers, Redis last
-                child.stop()
+            launcher.stop_all(children)  # web and workers together, Redis last
             self.stdout.write("Stopped.")
 
     def _run(self, options: dict, engine_args, children: list[launcher.Child]) -> None:
