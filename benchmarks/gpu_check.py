@@ -12,6 +12,8 @@ Checks (``--checks``, all by default), in ``--dtype`` (bfloat16 by default) unle
    greedy tokens must be identical.
 4. prefix: prefix caching on vs off (prompts sharing a 512-token prefix, graphs): identical tokens.
 5. swap: swap vs recompute preemption under a KV pool too small for the batch: identical tokens.
+6. multistep: multi-step scheduling (``num_scheduler_steps=8``, CUDA graphs, requests of different output
+   lengths, no logprobs: a request with logprobs keeps its batch on single steps) vs single steps.
 In bfloat16 the cached-context and recompute paths sum in another order than a full prefill, which
 can flip near-ties of random weights; in float32 a difference is a bug.
 Writes JSON with the command to benchmarks/results/gpu_check.json (or --output-json).
@@ -33,21 +35,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 
 
-def run(model: str, prompts, max_tokens: int | list[int], **kwargs):
+def run(model: str, prompts, max_tokens: int | list[int], logprobs: int | None = 0, **kwargs):
     llm = LLM(model=model, load_format="dummy", max_model_len=1024, **{"max_num_seqs": 64, **kwargs})
     lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0) for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=logprobs) for n in lengths]
     ahead_before = llm.llm_engine.num_steps_ahead
     start = time.perf_counter()
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     tokens = [o.outputs[0].token_ids for o in outs]
-    logprobs = [[next(iter(e.values())).logprob for e in o.outputs[0].logprobs] for o in outs]
+    logprobs = [[next(iter(e.values())).logprob for e in o.outputs[0].logprobs or ()] for o in outs]
     free_ok = llm.llm_engine.kv_cache_manager.num_free_blocks == llm.llm_engine.kv_cache_manager.num_blocks
     run.steps_ahead = llm.llm_engine.num_steps_ahead - ahead_before
     stats = llm.llm_engine.get_stats()
     run.stats = {"prefix_cache_hits_tokens": stats.prefix_cache_hits_total, "preemptions": stats.num_preemptions_total,
-                 "swapped_out": stats.num_swapped_out_total}
+                 "swapped_out": stats.num_swapped_out_total,
+                 "multi_step_windows": llm.llm_engine.num_multi_step_windows}
     llm.close()
     del llm
     torch.cuda.empty_cache()
@@ -70,7 +73,7 @@ def compare(a, b) -> dict:
                                          sum(y for _, y in first) / max(1, len(first))]}
 
 
-CHECKS = ("graphs", "triton", "async", "prefix", "swap")
+CHECKS = ("graphs", "triton", "async", "prefix", "swap", "multistep")
 
 
 def show(name: str, summary: dict) -> None:
@@ -126,6 +129,12 @@ def main() -> None:
         result[f"swap_vs_recompute_{short}"] = compare(swap, recompute) | {
             "recompute": recompute_stats, "swap": run.stats, "blocks_returned": swap[3] and recompute[3]}
         show("swap vs recompute preemption", result[f"swap_vs_recompute_{short}"])
+    if "multistep" in args.checks:
+        single = run(args.model, prompts, lengths, logprobs=None, dtype=dt, num_scheduler_steps=1)
+        multi = run(args.model, prompts, lengths, logprobs=None, dtype=dt, num_scheduler_steps=8)
+        result[f"multistep_8_vs_1_{short}"] = compare(multi, single) | {
+            "multi_step_windows": run.stats["multi_step_windows"], "blocks_returned": single[3] and multi[3]}
+        show("multi-step (8) vs single steps", result[f"multistep_8_vs_1_{short}"])
     out = Path(args.output_json) if args.output_json else Path(__file__).resolve().parent / "results" / "gpu_check.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 

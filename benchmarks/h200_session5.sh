@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 device calls (sessions 4-5): the steps named on the command line, in order, in one call, e.g.
+# H200 device calls (sessions 4-7): the steps named on the command line, in order, in one call, e.g.
 #   bash benchmarks/h200_session5.sh tp-small tp quant-decode       (nvidia-h200-x2: the TP steps need 2 GPUs)
 # Steps:
 #   tp-small  TP=1 vs TP=2 on the Qwen2.5-0.5B shape: a few greedy requests + a short W1 (does TP run at all)
@@ -7,11 +7,21 @@
 #   tp-fp8    TP=1 vs TP=2 with --quantization fp8 on the Qwen2.5-7B shape: greedy tokens
 #   tp-awq    the same with AWQ (random 4-bit codes) in float16
 #   quant-decode  W4A16/FP8 decode step latency vs bf16 (Qwen2.5-7B shape, batch 1-32), kernel microbenchmarks
+#   quant-sweep   the same for bf16 and AWQ with a grid of W4A16 decode-kernel configs per shape
 #   w1, w1-fp8    W1 (Qwen2.5-7B shape, 256 x 1024 in / 512 out) in bf16, and with --quantization fp8
 #   peer-w1   the transformers peer on W1 (64 prompts: generate_batch, then generate in batches of 64)
 #   w2, peer-w2   W2 (nano-vllm's workload, Qwen2.5-0.5B shape) on Tessera, and on the transformers peer
 #   w3        W3 latency (50 x 1000 in / 2000 out, median TPOT)
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
+#   check-ms  multi-step (8) vs single decode steps, float32 and bfloat16 (gpu_check)
+#   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
+#   w2-n4     W2 with --num-scheduler-steps 4 only
+#   w2-split2 / w2-split8   W2 (N=1, 4) with the decode attention's KV splits aimed at 2 / 8 programs per SM
+#   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
+#   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
+#   gpu-fp8   the FP8 and fused-layer kernel tests on the GPU (pytest, CUDA shapes)
+#   w1-prof, w1-fp8-prof   W1's kernel table over 16 decode steps once all 256 are admitted, bf16 / fp8
+#   w1-fp8-prof-prefill    W1 fp8's kernel table over its first 4 steps (16,384-token prefill chunks)
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
 # PYTHONFAULTHANDLER) and writes its JSON under $OUT; leftovers of a step are killed before the next.
 #   ppl-fp8   perplexity of the packaged SmolLM2 unquantized vs FP8 (the GGUF, 98 MB, is over one call's
@@ -51,6 +61,8 @@ for step in "$@"; do
       --check-tokens 32 --check-dtype float16 --skip-throughput --output-json "$OUT/tensor_parallel_awq.json" ;;
   quant-decode) run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput \
       --decode-steps 32 --output-json "$OUT/quantization.json" ;;
+  quant-sweep) run_step quant-sweep 420 python3 benchmarks/quantization.py --model $M7 --skip-throughput --sweep \
+      --methods bf16 awq --decode-steps 32 --output-json "$OUT/quantization_sweep.json" ;;
   w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;
   w1-fp8) run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
       --output-json "$OUT/w1_fp8.json" ;;
@@ -69,8 +81,34 @@ for step in "$@"; do
   w3) run_step w3 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none --model $M7 \
       --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --output-json "$OUT/w3.json" ;;
+  check-ms) run_step check-ms 200 python3 benchmarks/gpu_check.py --model .gpucache/qwen2.5-0.5b --dtype float32 \
+      --checks multistep async --num-prompts 32 --output-json "$OUT/gpu_check_multistep_fp32.json" ;;
+  w2-ms) run_step w2-ms 300 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 1 4 8 --output-json "$OUT/w2_multistep.json" ;;
+  w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;
+  w2-split2|w2-split8) run_step $step 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 1 4 --decode-programs-per-sm ${step#w2-split} \
+      --output-json "$OUT/$step.json" ;;
+  w3-split8) run_step w3-split8 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
+      --decode-programs-per-sm 8 --output-json "$OUT/w3_split8.json" ;;
+  w2-prof) run_step w2-prof 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --profile-steps 32 --output-json "$OUT/w2_profile.json" ;;
   check32) run_step check32 150 python3 benchmarks/gpu_check.py --model .gpucache/qwen2.5-0.5b --dtype float32 \
       --checks prefix swap --num-prompts 16 --output-json "$OUT/gpu_check_fp32.json" ;;
+  gpu-fp8) run_step gpu-fp8 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_fp8.py \
+      tests/inference/test_quantization_formats.py tests/inference/test_triton_kernels.py -k "fp8 or rms or silu" ;;
+  w1-prof) run_step w1-prof 200 python3 benchmarks/throughput.py $W1 --model $M7 --profile-steps 16 \
+      --output-json "$OUT/w1_profile.json" ;;
+  w1-fp8-prof) run_step w1-fp8-prof 200 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
+      --profile-steps 16 --output-json "$OUT/w1_fp8_profile.json" ;;
+  w1-fp8-prof-prefill) run_step w1-fp8-prof-prefill 200 python3 benchmarks/throughput.py $W1 --model $M7 \
+      --quantization fp8 --profile-steps 4 --profile-phase prefill --output-json "$OUT/w1_fp8_profile_prefill.json" ;;
   *) echo "unknown step $step (see the header of $0)"; exit 2 ;;
   esac
 done

@@ -12,6 +12,7 @@ CPU time (``time.process_time``), so other load on a shared machine does not inf
     python benchmarks/host_overhead.py --profile 40             # plus a cProfile of 40 decode steps
                                                                 # (and Python calls per step)
     python benchmarks/host_overhead.py --tag after-persistent   # result file suffix
+    python benchmarks/host_overhead.py --num-scheduler-steps 8  # multi-step: compare host_us_per_token
 
 Also reports the Triton backend's input building (``host_batch`` + ``device_inputs``, the H200
 path) for the same decode batch, timed alone on CPU tensors. Writes JSON (figures and the exact
@@ -89,7 +90,7 @@ def phase_timers(engine) -> Timers:
     for owner, attr in ((runner.model, "forward"), (runner.model, "compute_logits"), (runner, "sampler")):
         timers.wrap(owner, attr, f"forward.{attr}")
     for owner, attr in ((engine, "_finish_inflight"), (engine, "_detokenize"), (scheduler, "can_schedule_ahead"),
-                        (scheduler, "schedule_ahead"), (scheduler, "update_after_step"), (scheduler, "schedule"),
+                        (scheduler, "schedule_ahead"), (scheduler, "update_after_step"), (scheduler, "update_after_multi_step"), (scheduler, "schedule"),
                         (runner, "execute_async")):
         timers.wrap(owner, attr, attr)
     return timers
@@ -118,6 +119,7 @@ def main() -> None:
     parser.add_argument("--tag", default="run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--num-scheduler-steps", type=int, default=1, help="decode steps per host iteration")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # the shared 2-core machine: one thread keeps the forward's time steady
 
@@ -127,19 +129,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model=str(tiny_model_dir(Path(tmp))), load_format="dummy", dtype="float32", device="cpu",
                   max_model_len=1024, max_num_seqs=args.num_prompts, max_num_batched_tokens=8192,
-                  kv_cache_space=0.25, async_scheduling=args.async_scheduling)
+                  kv_cache_space=0.25, async_scheduling=args.async_scheduling,
+                  num_scheduler_steps=args.num_scheduler_steps)
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
+    texts: dict[str, str] = {}  # every output, so that runs with different step sizes compare
+
+    def collect(outputs) -> int:
+        num_tokens = 0
+        for out in outputs:
+            for o in out.outputs:
+                texts[out.request_id] = texts.get(out.request_id, "") + o.text
+                num_tokens += len(o.token_ids)
+        return num_tokens
     while engine.scheduler.num_waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
-        engine.step()
+        collect(engine.step())
     for _ in range(3):  # warm-up decode steps
-        engine.step()
+        collect(engine.step())
     triton_ms = triton_input_ms(engine)
     timers = phase_timers(engine)
     profiler = cProfile.Profile() if args.profile else None
-    steps, texts, num_profiled = [], {}, 0
+    steps, num_profiled = [], 0
     forward_before, phases_before, phase_sums = 0.0, dict(timers.seconds), dict.fromkeys(timers.seconds, 0.0)
     while engine.has_unfinished_requests():
         full = len(engine.scheduler.running) == args.num_prompts
@@ -152,26 +164,31 @@ def main() -> None:
         wall = CLOCK() - start
         if profiled:
             profiler.disable()
-        for out in outputs:
-            for o in out.outputs:
-                texts[out.request_id] = texts.get(out.request_id, "") + o.text
+        num_tokens = collect(outputs)
         if full and not profiled and len(engine.scheduler.running) == args.num_prompts:
             forward_now = sum(v for k, v in timers.seconds.items() if k.startswith("forward."))
-            steps.append((wall, forward_now - forward_before))
+            steps.append((wall, forward_now - forward_before, num_tokens))
             for k, v in timers.seconds.items():
                 phase_sums[k] += v - phases_before[k]
         forward_before = sum(v for k, v in timers.seconds.items() if k.startswith("forward."))
         phases_before = dict(timers.seconds)
     steps.sort()
-    median_wall, median_forward = steps[len(steps) // 2]
-    host = sorted(w - f for w, f in steps)
+    median_wall = steps[len(steps) // 2][0]
+    host = sorted(w - f for w, f, _ in steps)
+    # a step returns up to num_scheduler_steps tokens per request: host time per generated token compares them
+    per_token = sorted((w - f) / n for w, f, n in steps if n)
+    num_tokens = sum(n for _, _, n in steps)
     result = {
         "command": "python " + shlex.join(sys.argv),
         "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
         "running_requests": args.num_prompts, "decode_steps_measured": len(steps),
         "async_scheduling": engine.config.scheduler.async_scheduling,
+        "num_scheduler_steps": engine.config.scheduler.num_scheduler_steps,
+        "tokens_per_step_mean": round(num_tokens / len(steps), 1),
+        "host_us_per_token": round(1e6 * per_token[len(per_token) // 2], 3),
+        "host_us_per_token_mean": round(1e6 * sum(host) / num_tokens, 3),
         "median_step_ms": round(1000 * median_wall, 3),
-        "median_forward_ms": round(1000 * sorted(f for _, f in steps)[len(steps) // 2], 3),
+        "median_forward_ms": round(1000 * sorted(f for _, f, _ in steps)[len(steps) // 2], 3),
         "host_ms_per_step": round(1000 * host[len(host) // 2], 3),
         "host_ms_per_step_mean": round(1000 * sum(host) / len(host), 3),
         "phase_ms_per_step": {k: round(1000 * v / len(steps), 3) for k, v in phase_sums.items()},

@@ -39,6 +39,7 @@ DEVICE = "cuda"
 ROTATE_BYTES = 256 << 20
 SWEEP_BLOCK_N = (64, 128, 256)
 SWEEP_SPLIT_K = (1, 2, 4, 8, 16)
+SWEEP_WARPS = (4, 8)  # 2 warps (no warpgroup: mma.sync instead of wgmma) never won on the H200
 SWEEP_STAGES = (4,)  # 2 and 3 stages cost a compile each per config; add them back for a longer run
 
 
@@ -145,7 +146,7 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], sweep: bool, 
         result["rows"][str(M)] = row
         print(f"{name:>8} M={M:3d}: " + "  ".join(
             f"{k} {v['ms'] * 1000:7.1f} us ({v['weight_GBps']:5.0f} GB/s{'' if v['ok'] else ' WRONG'})"
-            for k, v in row.items() if isinstance(v, dict) and "ms" in v)
+            for k, v in row.items() if k != "sweep" and isinstance(v, dict))
             + (f"  best sweep {row['sweep']['best']}" if "sweep" in row else ""), flush=True)
     del layers
     torch.cuda.empty_cache()
@@ -156,15 +157,13 @@ def _sweep(layers, x: torch.Tensor, num_sms: int, DecodeConfig, w4a16_decode) ->
     K = x.shape[1]
     k_tiles = -(-K // packing.PACK_K)
     timings = {}
-    gemvs = (True, False) if x.shape[0] == 1 else (False,)
-    for block_n, split_k, stages, warps, gemv in itertools.product(SWEEP_BLOCK_N, SWEEP_SPLIT_K, SWEEP_STAGES,
-                                                                   (4, 8), gemvs):
+    for block_n, split_k, stages, warps in itertools.product(SWEEP_BLOCK_N, SWEEP_SPLIT_K, SWEEP_STAGES, SWEEP_WARPS):
         if split_k > k_tiles or (warps == 8 and block_n < 128):
             continue
-        config = DecodeConfig(block_n=block_n, split_k=split_k, num_warps=warps, num_stages=stages, gemv=gemv)
+        config = DecodeConfig(block_n=block_n, split_k=split_k, num_warps=warps, num_stages=stages)
         calls = [lambda i=i: w4a16_decode(x, i.qweight, i.scales, i.qzeros, 128, counters=i.split_k_counters,
                                           config=config) for _, i, _ in layers]
-        timings[f"n{block_n}_s{split_k}_st{stages}_w{warps}{'_gemv' if gemv else ''}"] = _graph_ms(calls)
+        timings[f"n{block_n}_s{split_k}_st{stages}_w{warps}"] = _graph_ms(calls)
     best = min(timings, key=timings.get)
     return {"best": best, "best_ms": timings[best], "ms": timings}
 

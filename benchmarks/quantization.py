@@ -107,7 +107,7 @@ def summary(result: dict) -> list[str]:
             base = row["bf16"]["ms"]
             lines.append(f"kernel {shape:>8} M={rows:>3}: bf16 {1000 * base:6.1f} us; " + ", ".join(
                 f"{k} {base / v['ms']:.2f}x{'' if v['ok'] else ' WRONG'}" for k, v in row.items()
-                if isinstance(v, dict) and "ms" in v and k != "bf16"))
+                if isinstance(v, dict) and k not in ("bf16", "sweep")))
     for method, entry in result["decode"].items():
         lines.append(f"decode {method:>5}: " + ", ".join(
             f"B{b} {ms:.2f} ms ({entry.get('speedup_vs_bf16', {}).get(b, float('nan')):.2f}x)"

@@ -7,12 +7,15 @@ computes past a request's own max_tokens is waste, not output.
     python benchmarks/throughput.py                       # CPU workload: SmolLM2, 64 prompts, lengths U[16, 256]
     python benchmarks/throughput.py --input-len 1024 --output-len 512 --num-prompts 256 \
         --model qwen2.5-7b --load-format dummy --dtype bfloat16   # GPU workload W1 (performance issue)
+    python benchmarks/throughput.py --workload peer-w2 --num-prompts 256 --model qwen2.5-0.5b \
+        --load-format dummy --dtype bfloat16 --num-scheduler-steps 1 4 8   # W2, one engine per N, in turn
 
 Writes JSON (figures and the exact command) to benchmarks/results/.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import random
@@ -59,14 +62,20 @@ def make_workload(args, vocab_size: int) -> tuple[list[list[int]], list[int]]:
 OCCUPANCY_EVERY = 8  # steps between KV-slot occupancy samples once every prompt is admitted
 
 
-def run_tessera(args, prompts, outputs) -> dict:
+def make_llm(args, num_scheduler_steps: int = 1) -> LLM:
+    """The engine under test, built from the command line (shared by the measured and the profiled run)."""
+    return LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
+               async_scheduling=getattr(args, "async_scheduling", None),
+               quantization=getattr(args, "quantization", None),
+               tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+               num_scheduler_steps=num_scheduler_steps)
+
+
+def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
-    llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
-              async_scheduling=getattr(args, "async_scheduling", None),
-              quantization=getattr(args, "quantization", None),
-              tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
+    llm = make_llm(args, num_scheduler_steps)
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
@@ -103,7 +112,8 @@ def run_tessera(args, prompts, outputs) -> dict:
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
             "device_wait_s": engine.device_wait_seconds,
             "median_step_ms_all_admitted": 1000 * sorted(decode_steps)[len(decode_steps) // 2] if decode_steps else None,
-            "steps_launched_ahead": engine.num_steps_ahead,
+            "steps_launched_ahead": engine.num_steps_ahead, "num_scheduler_steps": num_scheduler_steps,
+            "multi_step_windows": engine.num_multi_step_windows,
             "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
@@ -115,23 +125,25 @@ def run_tessera(args, prompts, outputs) -> dict:
 
 
 def profile_steps(args, prompts, outputs) -> dict:
-    """Kernel table of ``--profile-steps`` steps taken once every prompt has been prefilled."""
-    llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager)
+    """Kernel table of ``--profile-steps`` steps: from the first step (``--profile-phase prefill``) or
+    once every prompt has been prefilled (``decode``)."""
+    llm = make_llm(args, args.num_scheduler_steps[0])
     engine = llm.llm_engine
-    for i, (prompt, n) in enumerate(zip(prompts, outputs)):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    while engine.scheduler.num_waiting:
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    llm.generate(prompt_token_ids=prompts[:2], sampling_params=params[:2], use_tqdm=False)  # warm-up
+    for i, (prompt, param) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, param)
+    if args.profile_phase == "decode":
+        while engine.scheduler.num_waiting:
+            engine.step()
+        for _ in range(3):
+            engine.step()
 
     def run() -> None:
         for _ in range(args.profile_steps):
             engine.step()
     table = kernel_table(run)
-    table["steps"] = args.profile_steps
+    table["steps"], table["phase"] = args.profile_steps, args.profile_phase
     table["running"] = engine.get_stats().num_running
     return table
 
@@ -192,6 +204,9 @@ def main() -> None:
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1], metavar="N",
+                        help="decode steps per host iteration (multi-step scheduling); several values run "
+                             "one engine per value, in turn, on the same workload")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="awq | gptq | fp8 (dummy weights: random packed)")
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
@@ -202,9 +217,16 @@ def main() -> None:
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
     parser.add_argument("--phase-timers", action="store_true", help="report host seconds per step phase")
     parser.add_argument("--profile-steps", type=int, default=0,
-                        help="instead of the measured run: a CUDA kernel table of this many steps after all prompts are prefilled")
+                        help="instead of the measured run: a CUDA kernel table of this many steps")
+    parser.add_argument("--profile-phase", choices=["decode", "prefill"], default="decode",
+                        help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
+    parser.add_argument("--decode-programs-per-sm", type=int, default=None,
+                        help="override the decode attention's KV-split target (triton_decode.PROGRAMS_PER_SM)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
+    if args.decode_programs_per_sm is not None:
+        from inference.attention import triton_decode
+        triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
 
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size
@@ -221,9 +243,34 @@ def main() -> None:
         print("  host ops, self ms:", prof["host_ops_self_ms"])
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
-    result["tessera"] = ours = run_tessera(args, prompts, outputs)
-    result["roofline"] = roof = roofline(ours, prompts, outputs, args.copy_gbps, args.matmul_tflops)
-    print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s, {ours['steps']} steps)")
+    for index, num_steps in enumerate(args.num_scheduler_steps):
+        ours = run_tessera(args, prompts, outputs, num_steps)
+        roof = roofline(ours, prompts, outputs, args.copy_gbps, args.matmul_tflops)
+        if index == 0:
+            result["tessera"], result["roofline"] = ours, roof
+        if len(args.num_scheduler_steps) > 1:
+            result.setdefault("by_num_scheduler_steps", {})[str(num_steps)] = {"tessera": ours, "roofline": roof}
+        print_tessera(ours, roof)
+        gc.collect()  # the engine's memory goes back before the next one sizes its KV cache
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    ours = result["tessera"]
+    if args.peer == "transformers":
+        dtype = ours["dtype"].replace("torch.", "")
+        peer = run_transformers(ours["hf_model_dir"], ours["device"], dtype, prompts, outputs,
+                                args.peer_batch_size or len(prompts))
+        result["transformers_generate"] = peer
+        result["ratio"] = ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
+        for run in result.get("by_num_scheduler_steps", {}).values():
+            run["ratio"] = run["tessera"]["output_tokens_per_s"] / peer["output_tokens_per_s"]
+        print(f"transformers: {peer['output_tokens_per_s']:10.1f} output tok/s ({peer['seconds']:.1f} s)")
+        print(f"ratio:        {result['ratio']:10.2f}x")
+    write_result(result, args.output_json, f"throughput_{args.model.replace('/', '_')}_{ours['device']}.json")
+
+
+def print_tessera(ours: dict, roof: dict) -> None:
+    print(f"Tessera:      {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['seconds']:.1f} s, {ours['steps']} steps, "
+          f"num_scheduler_steps={ours['num_scheduler_steps']}: {ours['multi_step_windows']} multi-step windows)")
     print(f"  median TTFT {ours['median_ttft_s']:.3f} s, median TPOT {ours['median_tpot_ms']:.2f} ms, "
           f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms; median step once all are admitted "
           f"{ours['median_step_ms_all_admitted']:.2f} ms; {ours['steps_launched_ahead']} steps launched ahead")
@@ -234,15 +281,6 @@ def main() -> None:
               f"mean {100 * ours['kv_slot_occupancy_mean']:.1f}%")
     print(f"  roofline lower bound {roof['lower_bound_s']:.2f} s ({roof['copy_GBps']:.0f} GB/s, "
           f"{roof['matmul_TFLOPs']:.0f} TFLOP/s): {100 * roof['fraction_of_roofline']:.0f}% of it")
-    if args.peer == "transformers":
-        dtype = ours["dtype"].replace("torch.", "")
-        peer = run_transformers(ours["hf_model_dir"], ours["device"], dtype, prompts, outputs,
-                                args.peer_batch_size or len(prompts))
-        result["transformers_generate"] = peer
-        result["ratio"] = ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
-        print(f"transformers: {peer['output_tokens_per_s']:10.1f} output tok/s ({peer['seconds']:.1f} s)")
-        print(f"ratio:        {result['ratio']:10.2f}x")
-    write_result(result, args.output_json, f"throughput_{args.model.replace('/', '_')}_{ours['device']}.json")
 
 
 def write_result(result: dict, output_json: str | None, default_name: str) -> None:

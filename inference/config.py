@@ -82,6 +82,9 @@ class SchedulerConfig:
         async_scheduling: in a steady run of decode steps, schedule and launch step N+1 before the
             tokens of step N are back, feeding it N's tokens on the device (vLLM's
             ``--async-scheduling``), so the device never waits for the host between steps.
+        num_scheduler_steps: decode steps run back to back on the device per scheduling of a
+            decode-only batch (vLLM's former ``--num-scheduler-steps``; 1: one step per schedule).
+            See :mod:`inference.core.multi_step` for when a batch falls back to one step.
     """
 
     max_num_seqs: int = 256
@@ -91,6 +94,7 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
     async_scheduling: bool = False
+    num_scheduler_steps: int = 1
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,19 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's
 
 
+def validate_priority(priority: int, scheduling_policy: str) -> None:
+    """Refuse a scheduling priority other than 0 unless the engine runs the ``priority`` policy
+    (as vLLM does).
+
+    Raises:
+        InvalidRequestError (param ``"priority"``): naming the policy to enable.
+    """
+    if priority != 0 and scheduling_policy == "fcfs":
+        raise InvalidRequestError(f"Got priority {priority}, but priority scheduling is not enabled "
+                                  "(scheduling_policy='priority', --scheduling-policy priority).",
+                                  param="priority")
+
+
 def normalize_chat_messages(messages: list) -> list[dict]:
     """Check a conversation (OpenAI chat messages) and return it with every ``content`` a string: text
     parts joined, and an assistant message's null content (one with tool calls) made empty.

@@ -46,6 +46,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--async-scheduling": ("async_scheduling", {"action": argparse.BooleanOptionalAction, "default": None,
                                                 "help": "Schedule decode step N+1 while step N runs (default: on "
                                                         "a GPU with one rank and prefix caching off)."}),
+    "--num-scheduler-steps": ("num_scheduler_steps", {"type": int, "default": 1,
+                                                      "help": "Decode steps run on the device per host iteration "
+                                                              "of a decode-only batch (multi-step scheduling)."}),
 }
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
 

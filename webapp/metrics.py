@@ -7,6 +7,7 @@ and present, so a worker that stops or restarts never makes them go backwards. E
 ``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
 reads as a counter reset). Rendered with ``prometheus_client``.
 
+``vllm:cache_config_info`` (value 1) carries each live worker's KV-cache settings as labels.
 Tessera's own series: ``tessera:num_workers``, GPU utilization and memory per device and
 worker (``tessera:gpu_utilization_perc`` 0-1, ``tessera:gpu_memory_used_bytes``; NVML,
 only where workers have GPUs, see :mod:`webapp.serving.devices`), and per-tenant counters
@@ -21,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tenants.counters import GENERATION, PROMPT, REQUESTS
-from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS, SUCCESS_PREFIX
+from webapp.serving.worker_metrics import ENGINE_HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS, SUCCESS_PREFIX
 
 HISTOGRAMS = {
     "time_to_first_token_seconds": "Histogram of time to first token in seconds.",
@@ -34,7 +35,11 @@ HISTOGRAMS = {
     "request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
     "request_generation_tokens": "Number of generation tokens processed.",
     "request_prompt_tokens": "Number of prefill tokens processed.",
+    "iteration_tokens_total": "Histogram of number of tokens per engine_step.",
 }
+BOUNDS = {**HISTOGRAM_BOUNDS, **ENGINE_HISTOGRAM_BOUNDS}
+CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                       "num_gpu_blocks", "num_cpu_blocks", "swap_space")
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
@@ -116,6 +121,14 @@ class WorkersCollector:
                           _usage("num_total_blocks", "num_free_blocks"))
         yield self._gauge("tessera:kv_cache_free_blocks", "Free KV-cache blocks over the live workers.",
                           lambda ws: sum(w["stats"].get("num_free_blocks", 0) for w in ws))
+        cache = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                  labels=["model_name", "worker", *CACHE_CONFIG_LABELS])
+        for model, workers in self.by_model.items():
+            for worker in workers:
+                if worker.get("cache_config"):
+                    cache.add_metric([model, worker["id"], *(str(worker["cache_config"].get(k, ""))
+                                                             for k in CACHE_CONFIG_LABELS)], 1.0)
+        yield cache
         yield self._gauge("vllm:cpu_cache_usage_perc", "CPU-cache (swap space) usage. 1 means 100 percent usage.",
                           _usage("num_cpu_blocks", "num_free_cpu_blocks"))
         for name, (field, doc) in COUNTERS.items():
@@ -141,7 +154,7 @@ class WorkersCollector:
 
     def _histogram(self, name: str, doc: str, short: str) -> HistogramMetricFamily:
         family = HistogramMetricFamily(name, doc, labels=["model_name"])
-        bounds = HISTOGRAM_BOUNDS[short]
+        bounds = BOUNDS[short]
         for model, values in self.totals.items():
             cumulative, buckets = 0.0, []
             for i, bound in enumerate([*map(_le, bounds), "+Inf"]):

@@ -21,6 +21,10 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 _BLOCK_N = 64          # keys per inner iteration (may span several cache blocks)
 _MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
+# Programs per SM the KV splits aim for. One program per (request, KV head) and slice: the step lasts as long
+# as the program with the longest slice, so with contexts of unequal length (W2: 100-2,000 tokens) finer
+# slices balance the SMs; a benchmark knob (benchmarks/throughput.py --decode-programs-per-sm).
+PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -123,7 +127,7 @@ _NUM_SMS: dict[int, int] = {}
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """Slices per request so that ``B * Hk * splits`` programs cover about twice the GPU's SMs.
+    """Slices per request so that ``B * Hk * splits`` programs are about ``PROGRAMS_PER_SM`` per SM of the GPU.
 
     A power of two (each count is a separate compiled kernel), at most 64, and no slice shorter
     than ``_MIN_SPLIT_TOKENS`` tokens. Host-only arithmetic, no synchronisation.
@@ -136,7 +140,7 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
     else:
         num_sms = 8  # interpreter: any small number exercises the split path
     programs = max(batch_size * num_kv_heads, 1)
-    wanted = triton.next_power_of_2(math.ceil(2 * num_sms / programs))
+    wanted = triton.next_power_of_2(math.ceil(PROGRAMS_PER_SM * num_sms / programs))
     longest = triton.next_power_of_2(math.ceil(max(max_seq_len, 1) / _MIN_SPLIT_TOKENS))
     return max(1, min(wanted, longest, 64))
 

@@ -97,3 +97,45 @@ def detokenize_sampled_token(request: Request, state: SequenceOutputState, token
         pending.finish_reason = status.value
         pending.stop_reason = request.stop_reason
     return status
+
+
+def append_sampled_tokens(request: Request, token_ids: list[int],
+                          max_model_len: int) -> tuple[list[int], RequestStatus | None]:
+    """:func:`append_sampled_token` over the tokens of a multi-step window, in order, up to the
+    one that finishes the request; the tokens sampled after it are dropped.
+
+    Returns:
+        ``(the tokens appended, the finish status or None)``.
+    """
+    for count, token_id in enumerate(token_ids, 1):
+        status = append_sampled_token(request, token_id, max_model_len)
+        if status is not None:
+            return token_ids[:count], status
+    return token_ids, None
+
+
+def detokenize_sampled_tokens(request: Request, state: SequenceOutputState, token_ids: list[int],
+                              status: RequestStatus | None) -> RequestStatus | None:
+    """:func:`detokenize_sampled_token` for the tokens a multi-step window appended (no logprobs:
+    windows never carry them), in one detokenizer call. A stop string completed by one of them
+    ends the request there: the tokens after it leave the request and the delta.
+
+    Returns:
+        ``status``, or FINISHED_STOPPED when a stop string ended the text.
+    """
+    detokenizer = state.detokenizer
+    delta_text, stop_str = detokenizer.update(token_ids, finished=status is not None)
+    if stop_str is not None:
+        status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = stop_str
+        num_dropped = len(request.output_token_ids) - detokenizer.truncate_token_ids_to
+        if num_dropped:
+            del request.output_token_ids[-num_dropped:], request.all_token_ids[-num_dropped:]
+            token_ids = token_ids[:len(token_ids) - num_dropped]
+    pending = state.pending
+    pending.text += delta_text
+    pending.token_ids.extend(token_ids)
+    if status is not None:
+        pending.finish_reason = status.value
+        pending.stop_reason = request.stop_reason
+    return status

@@ -20,6 +20,7 @@ from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
 from .fair_share import FairShare
+from .multi_step import reserve_window, rows_ahead, window_size
 from .parallel_sampling import ParallelSampling
 from .policy import SchedulingPolicy, make_policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
@@ -39,6 +40,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
         self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
+        self._rows_ahead: list[int] | None = None  # multi-step: the batch can_schedule_ahead found for schedule_ahead
 
     # ---- admission and removal -------------------------------------------------------
     def add_request(self, request: Request, followers: list[Request] | None = None) -> None:
@@ -87,9 +89,20 @@ class Scheduler:
         for item in out.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = now
+        if self.config.num_scheduler_steps > 1:
+            self._reserve_window(out)
         ops = self.kv.take_block_ops()
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
+
+    def _reserve_window(self, out: SchedulerOutput, num_pending: int = 0) -> None:
+        """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
+        when :func:`.multi_step.window_size` allows and the KV pool holds the window."""
+        admission_possible = bool(self.num_waiting) and len(self.running) < self.config.max_num_seqs
+        num_steps = window_size(out, self.config.num_scheduler_steps, self.config.max_model_len,
+                                admission_possible, num_pending)
+        if num_steps > 1 and reserve_window(out, self.kv, num_steps):
+            out.num_steps = num_steps
 
     def _num_new_tokens(self, request: Request, budget: int, num_hit_tokens: int = 0) -> int:
         num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
@@ -170,12 +183,18 @@ class Scheduler:
         tokens: ``prev`` decoded every running request, in running order, nothing waits, and no
         request can finish by length with ``prev``'s token. Then the next step decodes the same
         requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
-        a stop string computes one token that is thrown away)."""
-        if self.num_waiting or prev.preempted_ids or len(self.running) != len(prev.scheduled):
+        a stop string computes one token that is thrown away). With multi-step scheduling the rule
+        is :func:`.multi_step.rows_ahead`'s."""
+        if self.num_waiting or prev.preempted_ids:
+            return False
+        if self.config.num_scheduler_steps > 1:
+            self._rows_ahead = rows_ahead(prev, self.running, max_model_len)  # schedule_ahead's batch
+            return self._rows_ahead is not None
+        if len(self.running) != len(prev.scheduled):
             return False
         for item, request in zip(prev.scheduled, self.running):  # properties inlined: the hot path
             if (item.request is not request or item.num_scheduled_tokens != 1 or not item.samples or item.forks
-                    or len(request.output_token_ids) + 1 >= request.sampling_params.max_tokens
+                    or len(request.output_token_ids) + 1 >= request.max_tokens
                     or len(request.all_token_ids) + 1 >= max_model_len):
                 return False
         return True
@@ -184,14 +203,38 @@ class Scheduler:
         """The decode step after ``prev`` (after :meth:`can_schedule_ahead` and
         ``update_after_step(prev)``): one token per request, whose input is the token ``prev``
         samples on the device. None when the KV pool cannot hold the new tokens (the regular
-        :meth:`schedule` then preempts); slots already given stay with their requests."""
-        if not self.kv.allocate_decode_slots([item.request for item in prev.scheduled]):
+        :meth:`schedule` then preempts); slots already given stay with their requests.
+
+        With multi-step scheduling: the requests of ``prev`` still running (``out.input_rows``
+        when some have left), their input the token of ``prev``'s last step, and a window itself
+        when :func:`.multi_step.window_size` allows."""
+        if self.config.num_scheduler_steps > 1:
+            rows = self._rows_ahead
+            out = SchedulerOutput(scheduled=[prev.scheduled[row] for row in rows],
+                                  input_rows=None if len(rows) == len(prev.scheduled) else rows)
+        else:  # prev's items are exactly this step's: one token each, sampled, no forks (can_schedule_ahead)
+            out = SchedulerOutput(scheduled=list(prev.scheduled))
+        if not self.kv.allocate_decode_slots([item.request for item in out.scheduled]):
             return None
-        # prev's items are exactly this step's: one token each, sampled, no forks (can_schedule_ahead)
-        out = SchedulerOutput(scheduled=list(prev.scheduled))
+        if self.config.num_scheduler_steps > 1:  # prev's tokens are not appended yet
+            self._reserve_window(out, num_pending=prev.num_steps)
         ops = self.kv.take_block_ops()
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
+
+    def update_after_multi_step(self, out: SchedulerOutput) -> None:
+        """``update_after_step`` of a multi-step window (``out.num_steps > 1``), called once the
+        window's tokens are appended (or, scheduling ahead, before: prefix caching is off then):
+        every request still running computed ``num_steps`` tokens (those that finished in the
+        window were freed; nothing of theirs is kept)."""
+        fair_share, kv, num_steps = self.fair_share, self.kv, out.num_steps
+        for item in out.scheduled:
+            request = item.request
+            if fair_share is not None:
+                fair_share.charge(request.tenant_id, num_steps)
+            if not request.is_finished:
+                request.num_computed_tokens += num_steps
+                kv.cache_blocks(request)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step and register

@@ -43,7 +43,13 @@ class SchedulerOutput:
         blocks_to_copy: ``(source, destination)`` block ids within the KV cache (copy on write of
             a block that parallel samples share).
         blocks_to_swap_in: ``(CPU block, GPU block)`` of requests swapped back in.
-    The runner makes them in that order, before the forward pass.
+        num_steps: decode steps run back to back (multi-step scheduling, :mod:`.multi_step`):
+            with ``num_steps > 1`` every item is a one-token decode whose blocks hold
+            ``num_steps`` new tokens, and step ``k``'s inputs are step ``k - 1``'s tokens.
+        input_rows: of a step scheduled ahead with multi-step scheduling, the rows of the
+            previous step's last sampled tokens that are this step's inputs, when some of its
+            requests have left the batch (None: every row, in order).
+    The runner makes the block operations in that order, before the forward pass.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -51,6 +57,8 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    num_steps: int = 1
+    input_rows: list[int] | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -66,13 +74,17 @@ class ModelRunnerOutput:
     """What the model runner returns for one step.
 
     Attributes:
-        sampled_token_ids: one token id per sampling request, in batch order of the sampling requests.
+        sampled_token_ids: one token id per sampling request, in batch order of the sampling requests
+            (the first step's with ``multi_step_token_ids``).
         logprobs: per sampling request, ``(token_ids [k+1] int64, logprobs [k+1] float32, rank of sampled)``
             with the sampled token first, or None when not requested.
         prompt_logprobs: request_id -> ``(token_ids [T, k+1], logprobs [T, k+1], ranks [T])`` for the
             prompt positions computed in this step (position i scores prompt token i+1).
+        multi_step_token_ids: for a multi-step window, per request in batch order its
+            ``num_steps`` tokens in order (step k's token at index k); None for a single step.
     """
 
     sampled_token_ids: list[int]
     logprobs: list[tuple[torch.Tensor, torch.Tensor, int] | None]
     prompt_logprobs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    multi_step_token_ids: list[list[int]] | None = None

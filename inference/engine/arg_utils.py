@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
+from ..core.multi_step import MAX_SCHEDULER_STEPS
 from ..core.policy import POLICIES
 from ..core.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
@@ -30,7 +31,9 @@ class EngineArgs:
     ``max_position_embeddings``; ``max_num_batched_tokens=None`` takes 2048 with chunked prefill,
     else ``max(max_model_len, 2048)``. ``num_kv_blocks`` overrides the profiled KV pool size
     (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
-    where it pays and is supported: on a GPU, one rank, prefix caching off.
+    where it pays and is supported: on a GPU, one rank, prefix caching off. ``num_scheduler_steps``
+    (1 to 64, one rank) runs that many decode steps per scheduling of a decode-only batch
+    (:mod:`inference.core.multi_step`).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -57,6 +60,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     served_model_name: str | None = None
     async_scheduling: bool | None = None
+    num_scheduler_steps: int = 1
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -124,6 +128,12 @@ class EngineArgs:
             logger.warning("swap_space=%s GiB is unused: preemption_mode is %r (pass preemption_mode='swap', "
                            "--preemption-mode swap, to swap preempted requests out)", self.swap_space,
                            self.preemption_mode)
+        if not 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS:
+            raise InvalidRequestError(f"num_scheduler_steps must be between 1 and {MAX_SCHEDULER_STEPS}, got "
+                                      f"{self.num_scheduler_steps}.", param="num_scheduler_steps")
+        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+            raise InvalidRequestError("num_scheduler_steps > 1 needs tensor_parallel_size=1 (the other ranks "
+                                      "run one step per plan).", param="num_scheduler_steps")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidRequestError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.",
                                       param="load_format")
@@ -181,7 +191,8 @@ class EngineArgs:
                                       enable_chunked_prefill=self.enable_chunked_prefill,
                                       scheduling_policy=self.scheduling_policy,
                                       preemption_mode=self.preemption_mode,
-                                      async_scheduling=self._async_scheduling(device)),
+                                      async_scheduling=self._async_scheduling(device),
+                                      num_scheduler_steps=self.num_scheduler_steps),
         )
 
     def _async_scheduling(self, device: str) -> bool:

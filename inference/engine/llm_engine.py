@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from ..config import EngineConfig
 from ..core.fair_share import FairShare
-from ..core.output_processor import (SequenceOutputState, append_sampled_token, detokenize_sampled_token,
-                                     logprobs_entry)
+from ..core.output_processor import (SequenceOutputState, append_sampled_token, append_sampled_tokens,
+                                     detokenize_sampled_token, detokenize_sampled_tokens, logprobs_entry)
 from ..core.scheduler import Scheduler
 from ..errors import InvalidRequestError
 from ..kv_cache import KVCacheManager
@@ -22,8 +22,9 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..request import Request, RequestStatus
 from ..runner import ModelRunner
 from ..sampling_params import SamplingParams
-from ..validation import validate_prompt
+from ..validation import validate_priority, validate_prompt
 from .arg_utils import EngineArgs
+from .iteration_stats import IterationTokens
 
 
 @dataclass
@@ -48,6 +49,9 @@ class EngineStats:
     num_cpu_blocks: int = 0  # blocks of the CPU swap space
     num_free_cpu_blocks: int = 0
     cpu_kv_cache_usage: float = 0.0  # fraction of the CPU swap space in use
+    # steps by tokens computed (non-cumulative counts over ITERATION_TOKEN_BUCKETS, then +Inf) and their sum
+    iteration_tokens_counts: tuple[int, ...] = ()
+    iteration_tokens_sum: int = 0
 
 
 @dataclass
@@ -103,10 +107,12 @@ class LLMEngine:
         self._inflight = None  # (SchedulerOutput, StepHandle, updated) of the launched, not yet collected step
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
         self.num_steps_ahead = 0  # steps launched before the previous step's tokens were back
+        self.num_multi_step_windows = 0  # steps that ran several decode steps (num_scheduler_steps > 1)
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.prompt_tokens_computed_total = 0
+        self.iteration_tokens = IterationTokens()
 
     def close(self) -> None:
         """Release the engine's processes (the tensor-parallel ranks); a no-op for a single rank.
@@ -142,10 +148,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._counter))
         if request_id in self._parents:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
-        if priority != 0 and self.config.scheduler.scheduling_policy == "fcfs":
-            raise InvalidRequestError(f"Got priority {priority}, but priority scheduling is not enabled "
-                                      "(scheduling_policy='priority', --scheduling-policy priority).",
-                                      param="priority")
+        validate_priority(priority, self.config.scheduler.scheduling_policy)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -227,6 +230,8 @@ class LLMEngine:
 
         A request that a stop string ends in 3 was already launched in 2; that extra token is
         dropped when it arrives. On CPU, step 2 runs to completion before 3 (no overlap).
+        With ``num_scheduler_steps > 1`` the launched step may be a window of several decode
+        steps (:mod:`inference.core.multi_step`); 1 and 3 then take up to that many tokens per request.
 
         Returns:
             Deltas for every request that progressed (new text and token ids; ``finished`` set
@@ -259,7 +264,10 @@ class LLMEngine:
         sched_out, handle, updated = self._inflight
         if updated or not self.scheduler.can_schedule_ahead(sched_out, self.max_model_len):
             return None
-        self.scheduler.update_after_step(sched_out)
+        if sched_out.num_steps > 1:
+            self.scheduler.update_after_multi_step(sched_out)
+        else:
+            self.scheduler.update_after_step(sched_out)
         self._inflight = (sched_out, handle, True)
         ahead = self.scheduler.schedule_ahead(sched_out)
         if ahead is None:
@@ -278,6 +286,10 @@ class LLMEngine:
         waited = time.perf_counter()
         runner_out = handle.result()
         self.device_wait_seconds += time.perf_counter() - waited
+        if sched_out.num_steps > 1:
+            self.iteration_tokens.observe(len(sched_out.scheduled), sched_out.num_steps)
+            return self._finish_window(sched_out, runner_out.multi_step_token_ids, updated)
+        self.iteration_tokens.observe(sum(item.num_scheduled_tokens for item in sched_out.scheduled))
         if not updated:  # scheduling ahead already advanced the requests
             self.scheduler.update_after_step(sched_out)
         token_ids, logprobs_list, prompt_logprobs = (runner_out.sampled_token_ids, runner_out.logprobs,
@@ -312,6 +324,28 @@ class LLMEngine:
         self.generation_tokens_total += generated
         return result
 
+    def _finish_window(self, sched_out, window_tokens: list[list[int]], updated: bool) -> list[tuple]:
+        """``_finish_inflight`` of a multi-step window: per request, its tokens in order up to the
+        one that finishes it (the others are dropped), as ``(parent, request, token_ids, None, status)``."""
+        parents, max_model_len, finish_request = self._parents, self.max_model_len, self.scheduler.finish_request
+        result = []
+        generated = 0
+        for item, tokens in zip(sched_out.scheduled, window_tokens):
+            req = item.request
+            parent = parents.get(req.parent_id)
+            if parent is None or req.is_finished:  # aborted, or ended by a stop string, while in flight
+                continue
+            tokens, status = append_sampled_tokens(req, tokens, max_model_len)
+            generated += len(tokens)
+            if status is not None:
+                finish_request(req, status)
+            result.append((parent, req, tokens, None, status))
+        if not updated:  # scheduling ahead already advanced the requests
+            self.scheduler.update_after_multi_step(sched_out)
+        self.generation_tokens_total += generated
+        self.num_multi_step_windows += 1
+        return result
+
     def _detokenize(self, sampled: list[tuple]) -> list[RequestOutput]:
         """Step 3 of ``step()``: text deltas of the tokens from step 1."""
         touched: dict[str, _ParentRequest] = {}
@@ -322,8 +356,13 @@ class LLMEngine:
             if token_id is None:
                 self._record_prompt_logprobs(parent, req, logprobs)
                 continue
-            status = detokenize_sampled_token(req, parent.states[req.request_id], token_id, logprobs, status,
-                                              tokenizer)
+            if type(token_id) is list:  # the tokens of a multi-step window
+                num_tokens = len(req.output_token_ids)
+                status = detokenize_sampled_tokens(req, parent.states[req.request_id], token_id, status)
+                self.generation_tokens_total -= num_tokens - len(req.output_token_ids)  # after a stop string
+            else:
+                status = detokenize_sampled_token(req, parent.states[req.request_id], token_id, logprobs, status,
+                                                  tokenizer)
             if status is not None:
                 if not req.is_finished:  # a stop string: the token ids alone did not finish it
                     self.scheduler.finish_request(req, status)
@@ -381,4 +420,6 @@ class LLMEngine:
                            prompt_tokens_computed_total=self.prompt_tokens_computed_total,
                            num_swapped=kv.num_swapped, num_swapped_out_total=kv.num_swapped_out_total,
                            num_cpu_blocks=kv.num_cpu_blocks, num_free_cpu_blocks=kv.num_free_cpu_blocks,
-                           cpu_kv_cache_usage=kv.cpu_usage)
+                           cpu_kv_cache_usage=kv.cpu_usage,
+                           iteration_tokens_counts=tuple(self.iteration_tokens.counts),
+                           iteration_tokens_sum=self.iteration_tokens.sum)

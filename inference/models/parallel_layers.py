@@ -212,10 +212,11 @@ def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
     Args:
         hidden: ``[N, H]`` in the model dtype; weight: this rank's ``[vocab_padded / tp, H]``.
     Returns:
-        ``[N, vocab_size]`` float32 on rank 0 (each rank computes its part, rank 0 gathers them);
-        None on the other ranks.
+        ``[N, vocab_size]`` in the model dtype on rank 0 (each rank computes its part, rank 0 gathers
+        them); None on the other ranks. The sampler takes float32 where it computes on the values
+        (a greedy argmax does not need the copy: 0.1 ms a step for 256 rows of a 152k vocabulary).
     """
     gathered = tp.gather_last_dim(torch.matmul(hidden, weight.t()))
     if gathered is None:
         return None
-    return gathered[:, :vocab_size].float()
+    return gathered[:, :vocab_size]

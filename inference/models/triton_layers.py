@@ -13,6 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quantization.fp8 import _MIN_SCALE, FP8_DTYPE, FP8_MAX, Fp8Activation
+from ..quantization.triton_fp8 import fp8_codes, fp8_row_scale
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -21,10 +26,13 @@ def _rms_norm_kernel(
     weight_ptr,     # [H] weight dtype, contiguous
     out_ptr,        # [N, H] result dtype of (weight, x), contiguous
     new_residual_ptr,  # [N, H] input dtype, contiguous (written only when HAS_RESIDUAL)
+    scales_ptr,     # [N] float32 per-row FP8 scales (written only when FP8_OUT; out_ptr then holds e4m3 codes)
     stride_x, stride_r, hidden_size, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, FP8_OUT: tl.constexpr, ROUND_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # One program per row: s = x (+ residual, rounded to the input dtype); out = w * (s * rsqrt(mean(s^2) + eps)).
+    # FP8_OUT: out rounded to the result dtype, then quantized per row (as per_token_fp8 of the 16-bit output).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden_size
@@ -37,7 +45,13 @@ def _rms_norm_kernel(
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / hidden_size + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)  # as RMSNorm: back to the input dtype, then * weight
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * hidden_size + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    if FP8_OUT:
+        y = (w * normed).to(ROUND_DTYPE).to(tl.float32)
+        scale = fp8_row_scale(tl.max(tl.abs(y), 0), FP8_MAX, MIN_SCALE)
+        tl.store(scales_ptr + row, scale)
+        tl.store(out_ptr + row * hidden_size + cols, fp8_codes(y, scale, FP8_MAX), mask=mask)
+    else:
+        tl.store(out_ptr + row * hidden_size + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -46,8 +60,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     fp8_out: bool = False) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor | None]:
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(f"weight {tuple(weight.shape)} does not match hidden size {hidden}")
@@ -55,48 +69,56 @@ def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
     x2 = _rows(x)
     r2 = _rows(residual) if residual is not None else x2
-    out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
+    result_dtype = torch.result_type(weight, x)
+    out = torch.empty(x.shape, dtype=FP8_DTYPE if fp8_out else result_dtype, device=x.device)
+    scales = torch.empty((x2.shape[0], 1), dtype=torch.float32, device=x.device) if fp8_out else None
     new_residual = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     if x2.shape[0]:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight.contiguous(), out, new_residual if new_residual is not None else out,
-            x2.stride(0), r2.stride(0), hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(max(block // 256, 1), 16))
+            scales if fp8_out else out, x2.stride(0), r2.stride(0), hidden, eps,
+            HAS_RESIDUAL=residual is not None, FP8_OUT=fp8_out, ROUND_DTYPE=_TL_DTYPES[result_dtype],
+            FP8_MAX=FP8_MAX, MIN_SCALE=_MIN_SCALE, BLOCK=block, num_warps=min(max(block // 256, 1), 16))
+    if fp8_out:
+        return Fp8Activation(out.reshape(-1, hidden), scales, result_dtype), new_residual
     return out, new_residual
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             fp8_out: bool = False) -> torch.Tensor | Fp8Activation:
     """Fused RMSNorm (Zhang & Sennrich, 2019), same semantics as ``layers.RMSNorm`` without residual.
 
     Args:
         x: ``[..., H]`` fp16/bf16/fp32 (any leading shape; copied only if rows cannot be viewed).
         weight: ``[H]``.
         eps: added to the mean square.
+        fp8_out: return the result quantized per row for an FP8 linear layer, in the same kernel:
+            ``Fp8Activation(codes [N, H] float8_e4m3fn, scales [N, 1] float32)``, equal to
+            ``per_token_fp8`` of the 16-bit result (``N``: the rows of ``x``).
     Returns:
         ``[..., H]`` contiguous, dtype ``torch.result_type(weight, x)``; math in float32, the
         normalised value rounded to ``x.dtype`` before the weight multiplies it.
     Raises:
         ValueError: if ``weight`` does not match ``H``.
     """
-    return _launch_rms_norm(x, None, weight, eps)[0]
+    return _launch_rms_norm(x, None, weight, eps, fp8_out)[0]
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       fp8_out: bool = False) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
     """``RMSNorm(x, residual)``: the residual add and the norm in one pass.
 
     Args:
         x, residual: ``[..., H]``, same shape and dtype.
-        weight: ``[H]``; eps: added to the mean square.
+        weight: ``[H]``; eps: added to the mean square; fp8_out: as in ``rms_norm``.
     Returns:
         ``(normed, new_residual)`` with ``new_residual = x + residual`` (in ``x.dtype``) and
         ``normed = rms_norm(new_residual)``; new contiguous tensors, inputs untouched.
     Raises:
         ValueError: on mismatched shapes or dtypes.
     """
-    out, new_residual = _launch_rms_norm(x, residual, weight, eps)
-    return out, new_residual
+    return _launch_rms_norm(x, residual, weight, eps, fp8_out)
 
 
 @triton.jit
@@ -172,28 +194,64 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 
 @triton.jit
+def _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, mask):
+    # silu(gate) * up over one column tile: float32 math, silu rounded to the input dtype as F.silu does,
+    # the product returned in the input dtype.
+    gate = tl.load(x_ptr + token * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + token * stride_x + inter_size + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr,      # [T, 2I] input dtype, row stride stride_x, unit column stride: [gate | up]
     out_ptr,    # [T, I] input dtype, contiguous
     stride_x, inter_size,
     BLOCK: tl.constexpr,
 ):
-    # Program (token, column tile): out = silu(gate) * up, silu rounded to the input dtype as F.silu does.
+    # Program (token, column tile): out = silu(gate) * up.
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter_size
-    gate = tl.load(x_ptr + token * stride_x + cols, mask=mask, other=0.0)
-    up = tl.load(x_ptr + token * stride_x + inter_size + cols, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-    tl.store(out_ptr + token * inter_size + cols, (act * up.to(tl.float32)).to(gate.dtype), mask=mask)
+    tl.store(out_ptr + token * inter_size + cols, _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, mask),
+             mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _silu_and_mul_fp8_kernel(
+    x_ptr,       # [T, 2I] input dtype, row stride stride_x, unit column stride: [gate | up]
+    codes_ptr,   # [T, I] float8_e4m3fn, contiguous
+    scales_ptr,  # [T] float32
+    stride_x, inter_size,
+    FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # One program per token, two passes over its row: the largest |silu(gate) * up| (rounded to the
+    # input dtype), then the codes (the row is recomputed rather than held: I runs to 29,568).
+    token = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c0 in range(0, inter_size, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, cols < inter_size).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(y))
+    scale = fp8_row_scale(tl.max(amax, 0), FP8_MAX, MIN_SCALE)
+    tl.store(scales_ptr + token, scale)
+    for c0 in range(0, inter_size, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        mask = cols < inter_size
+        y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, mask).to(tl.float32)
+        tl.store(codes_ptr + token * inter_size + cols, fp8_codes(y, scale, FP8_MAX), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, fp8_out: bool = False) -> torch.Tensor | Fp8Activation:
     """Fused SwiGLU activation (Shazeer, 2020), as ``layers.silu_and_mul``: ``[T, 2I] -> [T, I]``.
 
     Args:
         x: ``[T, 2I]`` fp16/bf16/fp32, ``[gate | up]`` along the last dimension, unit column stride.
+        fp8_out: return the result quantized per row for an FP8 linear layer, in the same kernel:
+            ``Fp8Activation(codes [T, I] float8_e4m3fn, scales [T, 1] float32)``, equal to
+            ``per_token_fp8`` of the 16-bit result.
     Returns:
         ``silu(gate) * up``, ``[T, I]`` contiguous, dtype of ``x``; math in float32.
     Raises:
@@ -203,6 +261,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"last dimension {x.shape[-1]} is not even")
     x2 = _rows(x)
     inter = x.shape[-1] // 2
+    if fp8_out:
+        codes = torch.empty((x2.shape[0], inter), dtype=FP8_DTYPE, device=x.device)
+        scales = torch.empty((x2.shape[0], 1), dtype=torch.float32, device=x.device)
+        if x2.shape[0]:
+            # One program per row: at decode sizes (256 rows) only wide tiles keep enough bytes in flight
+            # (W1's profile: 22 us per call at 2048 x 8 warps, for 19 MB read twice).
+            block = min(triton.next_power_of_2(inter), 4096)
+            _silu_and_mul_fp8_kernel[(x2.shape[0],)](x2, codes, scales, x2.stride(0), inter, FP8_MAX=FP8_MAX,
+                                                     MIN_SCALE=_MIN_SCALE, BLOCK=block,
+                                                     num_warps=16 if block >= 4096 else 8)
+        return Fp8Activation(codes, scales, x.dtype)
     out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = min(triton.next_power_of_2(inter), 1024)

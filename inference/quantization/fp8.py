@@ -11,6 +11,8 @@ engine itself refuses ``quantization="fp8"`` without FP8 tensor cores (``check_f
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..errors import InvalidRequestError
@@ -20,6 +22,18 @@ from .linear import LinearMethodBase, QuantizedLinear
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _MIN_SCALE = 1e-12
+
+
+class Fp8Activation(NamedTuple):
+    """An activation already quantized per token by the kernel that produced it (RMSNorm or SwiGLU with
+    ``fp8_out``), handed to an FP8 linear layer in place of the 16-bit tensor it stands for.
+
+    ``codes [T, K]`` float8_e4m3fn, ``scales [T, 1]`` float32 (``x ~= codes * scales``), ``dtype``: the
+    dtype of the 16-bit activation (the layer's output dtype).
+    """
+    codes: torch.Tensor
+    scales: torch.Tensor
+    dtype: torch.dtype
 
 
 def check_fp8_supported(device: str) -> None:
@@ -93,18 +107,24 @@ class Fp8LinearMethod(LinearMethodBase):
         layer.replace("weight", codes)
         layer.replace("weight_scale", scales.reshape(-1))
 
-    def apply(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-        if use_triton_layers(x):
+    takes_fp8_activations = True  # the producer of x may quantize it (``Fp8Activation``)
+
+    def apply(self, layer: QuantizedLinear, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        if isinstance(x, Fp8Activation):
+            (x_codes, x_scales), dtype = x[:2], x.dtype
+        elif use_triton_layers(x):
             from .triton_fp8 import per_token_fp8
-            x_codes, x_scales = per_token_fp8(x)
+            (x_codes, x_scales), dtype = per_token_fp8(x), x.dtype
         else:
-            x_codes, x_scales = quantize_fp8_rowwise(x)
-        if x.is_cuda:
-            # A row-major [T, K] times the column-major view [K, N] of the row-major weight.
+            (x_codes, x_scales), dtype = quantize_fp8_rowwise(x), x.dtype
+        bias = layer.fused_bias
+        if x_codes.is_cuda:
+            # A row-major [T, K] times the column-major view [K, N] of the row-major weight; the bias
+            # is added in the GEMM's epilogue (bfloat16, the output dtype).
             out = torch._scaled_mm(x_codes, layer.weight.t(), scale_a=x_scales,
-                                   scale_b=layer.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
-            out = out.to(x.dtype)
-        else:
-            w = layer.weight.float() * layer.weight_scale[:, None]
-            out = torch.matmul(x_codes.float() * x_scales, w.t()).to(x.dtype)
-        return out if layer.fused_bias is None else out + layer.fused_bias.to(out.dtype)
+                                   scale_b=layer.weight_scale.view(1, -1), out_dtype=torch.bfloat16,
+                                   bias=None if bias is None else bias.to(torch.bfloat16))
+            return out.to(dtype)
+        w = layer.weight.float() * layer.weight_scale[:, None]
+        out = torch.matmul(x_codes.float() * x_scales, w.t()).to(dtype)
+        return out if bias is None else out + bias.to(out.dtype)

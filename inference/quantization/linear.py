@@ -209,13 +209,22 @@ class QuantizedLinear(nn.Module):
             full = torch.empty(self.partition.full_out_features, dtype=self.bias.dtype, device=self.bias.device)
             self.load_weight("bias", full.normal_(0.0, 0.02, generator=generator))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.method.apply(self, x.reshape(-1, self.in_features))
+    @property
+    def takes_fp8_activations(self) -> bool:
+        """Whether ``forward`` accepts an ``fp8.Fp8Activation`` (per-token FP8 codes made by the producing
+        kernel) in place of ``x``: true for FP8 layers."""
+        return getattr(self.method, "takes_fp8_activations", False)
+
+    def forward(self, x) -> torch.Tensor:
+        """``x [..., K]`` (or an ``Fp8Activation`` of ``[T, K]`` codes, see ``takes_fp8_activations``) ->
+        ``[..., N]``."""
+        lead = x.codes.shape[:-1] if hasattr(x, "codes") else x.shape[:-1]
+        out = self.method.apply(self, x if hasattr(x, "codes") else x.reshape(-1, self.in_features))
         if self.partition.reduce:
             out = self.partition.tp.all_reduce(out)
             if self.bias is not None:
                 out = out + self.bias.to(out.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, method={type(self.method).__name__}"

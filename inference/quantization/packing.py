@@ -19,10 +19,13 @@ On-disk layouts (each int32 holds eight 4-bit codes, code ``i`` in bits ``4i..4i
 
 Tessera's kernels read one internal layout, "K-tiled": ``qzeros [G, N/8]`` packed sequentially along N
 with true zero points (not minus one), ``scales [G, N]`` float16, rows sorted by group, and
-``qweight [K_pad/8, N]`` int32 with ``K_pad = K`` rounded up to a multiple of ``PACK_K = 128``: word row
-``16t + r`` (tile ``t``, ``r = 0..15``) holds in code slot ``i`` the input row ``128t + 16i + r``, and rows
-``K..K_pad-1`` hold code 0. Slot ``i`` of a tile's 16 word rows is thus 16 consecutive input rows, which
-the kernel multiplies with one ``tl.dot`` without reshuffling nibbles (``pack_ktiled``).
+``qweight [K_pad/8, N]`` int32 with ``K_pad = K`` rounded up to a multiple of ``PACK_K = 128``. Tile ``t``'s
+16 word rows hold its 128 input rows so that 16-row chunk ``i = 4h + j`` (rows ``128t + 16i + r``) sits in
+word rows ``16t + 8h + p`` (``p = 0..7``), row ``2p`` in bits ``4j..4j+3`` and row ``2p + 1`` in bits
+``16+4j..16+4j+3``: one shift and one mask give a pair of consecutive rows as the two 16-bit halves of a
+register, which is how an MMA's A operand holds them (the layout idea of Marlin, Frantar et al., 2024,
+arXiv:2408.11743), so the decode kernel unpacks a chunk without moving nibbles between registers
+(``pack_ktiled``).
 """
 from __future__ import annotations
 
@@ -97,21 +100,22 @@ def unpack_gptq_qweight(packed: torch.Tensor) -> torch.Tensor:
 # ---- internal K-tiled layout ----
 def pack_ktiled(codes: torch.Tensor) -> torch.Tensor:
     """``[K, N]`` codes -> internal ``qweight [K_pad/8, N]`` int32 (K padded to a multiple of ``PACK_K``
-    with code 0; word row ``16t + r``, slot ``i`` holds input row ``128t + 16i + r``)."""
+    with code 0). In tile ``t``, word row ``16t + 8h + p`` holds, for ``j = 0..3``, input row
+    ``128t + 16(4h + j) + 2p`` in bits ``4j..4j+3`` and the next row in bits ``16+4j..16+4j+3``."""
     K, N = codes.shape
     k_pad = -(-K // PACK_K) * PACK_K
     padded = torch.zeros((k_pad, N), dtype=torch.int32, device=codes.device)
     padded[:K] = codes
-    # [tiles, slot i, r, N] -> [tiles, r, N, slot i]: the slot becomes the packed (last) dimension
-    tiled = padded.view(k_pad // PACK_K, 8, PACK_K // 8, N).permute(0, 2, 3, 1)
-    return _pack_last(tiled.contiguous()).reshape(k_pad // 8, N)
+    # local row 64h + 16j + 2p + e -> word (h, p), code slot 4e + j
+    tiled = padded.view(k_pad // PACK_K, 2, 4, 8, 2, N).permute(0, 1, 3, 5, 4, 2).reshape(k_pad // PACK_K, 2, 8, N, 8)
+    return _pack_last(tiled).reshape(k_pad // 8, N)
 
 
 def unpack_ktiled(packed: torch.Tensor, in_features: int) -> torch.Tensor:
     """Inverse of ``pack_ktiled``: internal ``qweight [K_pad/8, N]`` -> ``[in_features, N]`` int32 codes."""
     rows, N = packed.shape
-    slots = _unpack_last(packed.reshape(rows // 16, 16, N))              # [tiles, r, 8N]: (n, i) pairs
-    codes = slots.view(rows // 16, 16, N, 8).permute(0, 3, 1, 2)          # [tiles, i, r, N]
+    slots = _unpack_last(packed.reshape(rows // 16, 16, N))              # [tiles, (h, p), (n, e, j)]
+    codes = slots.view(rows // 16, 2, 8, N, 2, 4).permute(0, 1, 5, 2, 4, 3)   # [tiles, h, j, p, e, N]
     return codes.reshape(rows * 8, N)[:in_features].contiguous()
 
 

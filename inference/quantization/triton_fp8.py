@@ -16,6 +16,18 @@ from .fp8 import _MIN_SCALE, FP8_DTYPE, FP8_MAX
 
 
 @triton.jit
+def fp8_row_scale(amax, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """The scale of a row whose largest magnitude is ``amax`` (float32): ``max(amax / 448, 1e-12)``."""
+    return tl.maximum(amax / FP8_MAX, MIN_SCALE)
+
+
+@triton.jit
+def fp8_codes(x, scale, FP8_MAX: tl.constexpr):
+    """``x / scale`` (float32, division rounded to nearest) clamped to +-448 and cast to e4m3."""
+    return tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+
+
+@triton.jit
 def _per_token_fp8_kernel(
     x_ptr,       # [M, K] float16/bfloat16/float32, row stride stride_xm, unit column stride
     codes_ptr,   # [M, K] float8_e4m3fn, contiguous
@@ -30,13 +42,12 @@ def _per_token_fp8_kernel(
         offs = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+    scale = fp8_row_scale(tl.max(amax, axis=0), FP8_MAX, MIN_SCALE)
     tl.store(scales_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-        tl.store(codes_ptr + row * K + offs, q.to(codes_ptr.dtype.element_ty), mask=offs < K)
+        tl.store(codes_ptr + row * K + offs, fp8_codes(x, scale, FP8_MAX), mask=offs < K)
 
 
 def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ from .triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
 @triton.jit
 def _w4a16_kernel(
     x_ptr,        # [M, K] activations (float16/bfloat16/float32), row stride stride_xm, unit column stride
-    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled: word row 16t+r, slot i <- input row 128t+16i+r
+    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled (packing.pack_ktiled)
     scales_ptr,   # [G, N] float16, contiguous
     qzeros_ptr,   # [G, N/8] int32, contiguous: bits 4i..4i+3 of column c hold output column 8c+i
     out_ptr,      # [SPLIT_K, M, N] float32, contiguous: one partial sum per K split
@@ -56,8 +56,10 @@ def _w4a16_kernel(
                     mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
         packed = tl.load(qweight_ptr + (kb * 16 + offs_packed)[:, None].to(tl.int64) * N + offs_n[None, :],
                          mask=mask_n[None, :], other=0)                    # [16, BLOCK_N]
-        codes = (packed[None, :, :] >> shifts[:, None, None]) & 0xF          # [8, 16, BLOCK_N]
-        codes = tl.reshape(codes, (128, BLOCK_N)).to(tl.float32)           # row 16i+r <- slot i of row r
+        # slot s = 4e + j of word row q = 8h + p holds tile row 64h + 16j + 2p + e (packing.pack_ktiled)
+        codes = (packed[None, :, :] >> shifts[:, None, None]) & 0xF          # [(e, j), (h, p), BLOCK_N]
+        codes = tl.permute(tl.reshape(codes, (2, 4, 2, 8, BLOCK_N)), (2, 1, 3, 0, 4))   # [h, j, p, e, BLOCK_N]
+        codes = tl.reshape(codes, (128, BLOCK_N)).to(tl.float32)           # natural row order
         if ROW_GROUPS:  # act-order rows of a row-parallel shard, in checkpoint order: each reads its own group
             group = tl.load(row_groups_ptr + offs_k, mask=offs_k < K, other=0).to(tl.int64)[:, None]
             scale = tl.load(scales_ptr + group * N + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)

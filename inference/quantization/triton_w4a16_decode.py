@@ -2,26 +2,29 @@
 
 Decode is a matrix-vector product bound by reading the int4 weights, so the kernel is built to stream
 them: each program owns a ``BLOCK_N``-wide output tile and a contiguous range of 128-row K tiles
-(split-K, so that thin layers such as O and down still put a few programs on every SM), loads one
-``[16, BLOCK_N]`` int32 block per K tile (128 input rows x BLOCK_N columns of codes), and turns each of
-its eight nibble slots into a ``[16, BLOCK_N]`` weight slice that one ``tl.dot`` multiplies with 16
-consecutive activation columns: the internal K-tiled layout (``packing.pack_ktiled``) puts input row
-``128t + 16i + r`` in slot ``i`` of word row ``16t + r`` precisely so that no nibble is reshuffled.
-Scales and zero points are read once per group (once per K tile for groups of 128 or more) and folded
-into one multiply-add per weight: ``w = code * s - z * s``; codes become floats through the exponent
-trick (``float_bits(0x4B000000 | code) - 2^23``, as in Kim et al., 2022, "Who Says Elephants Can't Run",
-arXiv:2211.10017) rather than integer-to-float conversions, which run at 1/8 of the FMA rate.
+(split-K, so that thin layers such as O and down still put several programs on every SM). It computes
+the transpose, ``out^T [BLOCK_N, BLOCK_M] = W^T x^T``, so that the dequantized weights are the MMA's A
+operand, which Hopper's wgmma (and mma.sync elsewhere) reads from registers: Triton unpacks the codes
+straight into the operand layout, and nothing dequantized goes through shared memory (the previous
+version, ``x @ W``, stored every dequantized slice to shared memory with two barriers per 16 rows and
+ran at 400-650 GB/s of int4 on the H200; this one at 700-1,300 GB/s,
+``benchmarks/results/quantization_sweep_h200_session6.json``). One ``[BLOCK_N, 16]`` int32 block per K
+tile (128 input rows) is loaded through Triton's pipelined asynchronous copies; the internal K-tiled
+layout (``packing.pack_ktiled``) keeps input rows ``2p`` and ``2p + 1`` of each 16-row chunk in the two
+16-bit halves of one word, so one shift and one mask produce a register of the MMA's A operand. The eight x^T
+chunks of the next K tile are loaded while the current one computes.
+
+A code ``c`` becomes a 16-bit float by OR-ing it into the mantissa of ``OFFSET`` (bfloat16 128.0, float16
+1024.0, both with a step of exactly 1): no integer-to-float conversion and no subtraction per weight
+(the exponent trick of Kim et al., 2022, "Who Says Elephants Can't Run", arXiv:2211.10017, with the
+offset folded out). The MMA sums ``x * (OFFSET + c)``; per group, ``s * part - s * (OFFSET + z) * sum(x)``
+removes the offset and the zero point (the x sums cost one add per x element). float32 activations
+(CPU tests, float32 models) subtract the offset per weight instead, exactly.
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
 output in ``x.dtype``: one launch per linear, deterministic, no memset, safe inside CUDA graphs.
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
-
-Known limit (``benchmarks/compile_sm90.py``, no GPU measurement yet): on sm_90 the main loop issues
-about 10 instructions a weight, a third of them moving each dequantized slice through shared memory
-into the ``tl.dot`` operand layout; streaming HBM needs about 4, so the kernel is likely issue-bound
-near 40% of bandwidth. A layout whose registers already match the MMA operand fragments (Marlin's)
-would remove that traffic.
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
 (``int4.Int4LinearMethod``). Sources: the reduction by the last-arriving program is the "fixup" of
@@ -31,6 +34,7 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +44,9 @@ import triton.language as tl
 from .packing import PACK_K
 
 MAX_DECODE_ROWS = 32  # rows (tokens) this kernel serves; more go to the prefill kernel
+# A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
+# 128.0 with a step of 1 (7 mantissa bits), float16 0x6400 is 1024.0 with a step of 1 (10 bits): OFFSET + c.
+_CODE_OFFSET = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
 
 
 @triton.jit
@@ -56,9 +63,69 @@ def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.c
 
 
 @triton.jit
+def _x_chunk(x_ptr, perm_ptr, t, i: tl.constexpr, offs_r, offs_m, mask_m, stride_xm, last, K,
+             HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    # x^T chunk [16, BLOCK_M]: input rows 128t + 16i .. 128t + 16i + 15; zeros past the split's last tile and K
+    offs_k = t * 128 + i * 16 + offs_r
+    in_range = (offs_k < K) & (t < last)
+    if HAS_PERM:
+        cols = tl.load(perm_ptr + offs_k, mask=in_range, other=0)
+    else:
+        cols = offs_k
+    if EVEN_K:
+        mask = mask_m[None, :] & (t < last)
+    else:
+        mask = mask_m[None, :] & in_range[:, None]
+    return tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + cols[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _chunk_mma(words, j: tl.constexpr, xc, part, xs, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Chunk 4h + j of a K tile from its half h's words [BLOCK_N, 8]: word p holds rows 2p and 2p + 1 in bits
+    # 4j and 16 + 4j, so one shift and one mask leave the pair in the two 16-bit halves, each OR-ed into the
+    # mantissa of OFFSET (see the kernel); [BLOCK_N, 8, 2] -> [BLOCK_N, 16] keeps the pair in one register.
+    pairs = (words >> (4 * j)) & 0x000F000F
+    if xc.dtype == tl.float32:
+        lo = (pairs & 0xF | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0     # exact code, offset 0
+        hi = ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 16))
+        part = tl.dot(w, xc, part, input_precision="ieee")
+    else:
+        pairs = pairs | (MAGIC * 0x10001)
+        w = tl.reshape(tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16)), (BLOCK_N, 16))
+        part = tl.dot(w.to(xc.dtype, bitcast=True), xc, part)                      # OFFSET + code, exact
+    return part, xs + xc.to(tl.float32)
+
+
+@triton.jit
+def _apply_group(acc, part, xs, scales_ptr, qzeros_ptr, t, i: tl.constexpr, offs_n, mask_n, N, G,
+                 GROUP_SIZE: tl.constexpr, CHUNKS_PER_GROUP: tl.constexpr, OFFSET: tl.constexpr,
+                 EVEN_N: tl.constexpr):
+    # After the last chunk of a group: acc += s * part - s * (OFFSET + z) * sum(x of the group's rows).
+    if (i + 1) % CHUNKS_PER_GROUP == 0:
+        group = tl.minimum((t * 128 + (i + 1 - CHUNKS_PER_GROUP) * 16) // GROUP_SIZE, G - 1)
+        s, zs = _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N)
+        acc += part * s[:, None] - tl.sum(xs, axis=0)[None, :] * (OFFSET * s + zs)[:, None]
+        part = tl.zeros(part.shape, dtype=tl.float32)
+        xs = tl.zeros(xs.shape, dtype=tl.float32)
+    return acc, part, xs
+
+
+@triton.jit
+def _chunk_step(acc, part, xs, words, i: tl.constexpr, xc, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                GROUP_SIZE: tl.constexpr, CHUNKS_PER_GROUP: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
+                EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Chunk i of a K tile (its half's words, slot i % 4), then the group correction if chunk i ends a group.
+    part, xs = _chunk_mma(words, i % 4, xc, part, xs, MAGIC, BLOCK_N)
+    return _apply_group(acc, part, xs, scales_ptr, qzeros_ptr, t, i, offs_n, mask_n, N, G, GROUP_SIZE,
+                        CHUNKS_PER_GROUP, OFFSET, EVEN_N)
+
+
+@triton.jit
 def _w4a16_decode_kernel(
     x_ptr,        # [M, K] activations (float16/bfloat16/float32), row stride stride_xm, unit column stride
-    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled: word row 16t+r, slot i <- input row 128t+16i+r
+    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled (packing.pack_ktiled): word row 16t+8h+p holds
+                  # rows 128t+16(4h+j)+2p (+1) in bits 4j (16+4j)
     scales_ptr,   # [G, N] float16 contiguous
     qzeros_ptr,   # [G, N/8] int32 contiguous, packed along N (slot i of word c <- column 8c+i)
     perm_ptr,     # [K] int64 (HAS_PERM): activation column that feeds input row k
@@ -67,10 +134,14 @@ def _w4a16_decode_kernel(
     counter_ptr,  # [>= cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)] int32, zero on entry, left zero (SPLIT_K > 1)
     out_ptr,      # [M, N] in x's dtype, contiguous
     M, N, K, G, stride_xm, tiles_per_split,
-    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,  # K % 128 == 0, N % BLOCK_N == 0: loads need no bounds mask
+    GROUP_SIZE: tl.constexpr, CHUNKS_PER_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
+    OFFSET: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
+    # Computed transposed, out^T [BLOCK_N, BLOCK_M] = W^T x^T, so that the dequantized weights are the MMA's
+    # A operand, which Hopper's wgmma (and mma.sync) read from registers: the codes are unpacked straight
+    # into the operand layout, never stored to shared memory. The x^T chunks (B operand, small) of the
+    # next K tile are loaded while this one computes.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -79,47 +150,55 @@ def _w4a16_decode_kernel(
     offs_r = tl.arange(0, 16)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    xs = tl.zeros((16, BLOCK_M), dtype=tl.float32)
     first = pid_k * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
+    x0 = _x_chunk(x_ptr, perm_ptr, first, 0, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x1 = _x_chunk(x_ptr, perm_ptr, first, 1, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x2 = _x_chunk(x_ptr, perm_ptr, first, 2, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x3 = _x_chunk(x_ptr, perm_ptr, first, 3, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x4 = _x_chunk(x_ptr, perm_ptr, first, 4, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x5 = _x_chunk(x_ptr, perm_ptr, first, 5, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x6 = _x_chunk(x_ptr, perm_ptr, first, 6, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    x7 = _x_chunk(x_ptr, perm_ptr, first, 7, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    offs_p = tl.arange(0, 8)
+    w_ptrs = qweight_ptr + (first * 16 + offs_p)[None, :].to(tl.int64) * N + offs_n[:, None]     # [BLOCK_N, 8]
     for t in range(first, last):
-        w_ptrs = qweight_ptr + (t * 16 + offs_r)[:, None].to(tl.int64) * N + offs_n[None, :]
         if EVEN_N:
-            packed = tl.load(w_ptrs)                                               # [16, BLOCK_N]
+            lo_words = tl.load(w_ptrs)                   # word rows 16t + p: chunks 0-3
+            hi_words = tl.load(w_ptrs + 8 * N)           # word rows 16t + 8 + p: chunks 4-7
         else:
-            packed = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
-        packed = packed.to(tl.uint32, bitcast=True)                              # logical shifts below
-        s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N,
-                              EVEN_N)
-        for i in tl.static_range(8):
-            offs_k = t * 128 + i * 16 + offs_r                                    # 16 consecutive input rows
-            mask_k = offs_k < K
-            if HAS_PERM:
-                cols = tl.load(perm_ptr + offs_k, mask=mask_k, other=0)
-            else:
-                cols = offs_k
-            if GROUP_SIZE % 128 != 0:  # groups of 16..112 rows, or not aligned to the tile: per slice
-                s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t * 128 + i * 16) // GROUP_SIZE, G - 1),
-                                      offs_n, mask_n, N, EVEN_N)
-            # Nibble i masked in place (slots 5..7 from the word shifted right by 12) under the exponent of
-            # 2^23: float32 2^23 + code * 16^j exactly (j = i or i - 3; one LOP3), minus 2^23, times
-            # s / 16^j (exact): the code's weight without an int-to-float conversion.
-            if i < 5:
-                nibble = packed & (0xF << (4 * i))
-                unit = 1.0 / (1 << (4 * i))
-            else:
-                nibble = (packed >> 12) & (0xF << (4 * (i - 3)))
-                unit = 1.0 / (1 << (4 * (i - 3)))
-            codes = (nibble | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            w = codes * (s * unit)[None, :] - zs[None, :]
-            if EVEN_K:
-                x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None], other=0.0)
-            else:
-                x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+            lo_words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+            hi_words = tl.load(w_ptrs + 8 * N, mask=mask_n[:, None], other=0)
+        w_ptrs += 16 * N
+        acc, part, xs = _chunk_step(acc, part, xs, lo_words, 0, x0, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, lo_words, 1, x1, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, lo_words, 2, x2, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, lo_words, 3, x3, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, hi_words, 4, x4, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, hi_words, 5, x5, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, hi_words, 6, x6, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        acc, part, xs = _chunk_step(acc, part, xs, hi_words, 7, x7, scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G,
+                                    GROUP_SIZE, CHUNKS_PER_GROUP, MAGIC, OFFSET, EVEN_N, BLOCK_N)
+        x0 = _x_chunk(x_ptr, perm_ptr, t + 1, 0, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x1 = _x_chunk(x_ptr, perm_ptr, t + 1, 1, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x2 = _x_chunk(x_ptr, perm_ptr, t + 1, 2, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x3 = _x_chunk(x_ptr, perm_ptr, t + 1, 3, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x4 = _x_chunk(x_ptr, perm_ptr, t + 1, 4, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x5 = _x_chunk(x_ptr, perm_ptr, t + 1, 5, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x6 = _x_chunk(x_ptr, perm_ptr, t + 1, 6, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        x7 = _x_chunk(x_ptr, perm_ptr, t + 1, 7, offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
 
-    _finish(acc, pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
+    _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
 
@@ -146,60 +225,6 @@ def _finish(acc, pid_k, tile, offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr, pa
 
 
 @triton.jit
-def _w4a16_gemv_kernel(
-    x_ptr,        # [1, K] activations (float16/bfloat16/float32), unit column stride
-    qweight_ptr,  # [K_pad/8, N] int32 contiguous, K-tiled: word row 16t+r, slot i <- input row 128t+16i+r
-    scales_ptr,   # [G, N] float16 contiguous
-    qzeros_ptr,   # [G, N/8] int32 contiguous, packed along N
-    perm_ptr,     # [K] int64 (HAS_PERM): activation column that feeds input row k
-    bias_ptr,     # [N] (HAS_BIAS)
-    partial_ptr,  # [SPLIT_K, 1, N] float32 workspace (SPLIT_K > 1)
-    counter_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero on entry, left zero (SPLIT_K > 1)
-    out_ptr,      # [1, N] in x's dtype
-    N, K, G, tiles_per_split,
-    GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-):
-    # One row, groups a multiple of 128 rows: a K tile shares one scale and zero per column, so
-    # sum_k x_k (c_kn s_n - z_n s_n) = s_n sum_k x_k c_kn - z_n s_n sum_k x_k: 4 instructions a weight.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_r = tl.arange(0, 16)
-    slots = tl.arange(0, 8)
-    shifts = (slots * 4).to(tl.uint32)[:, None, None]                       # [8, 1, 1]
-    mask_n = offs_n < N
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    first = pid_k * tiles_per_split
-    last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
-    for t in range(first, last):
-        w_ptrs = qweight_ptr + (t * 16 + offs_r)[:, None].to(tl.int64) * N + offs_n[None, :]
-        if EVEN_N:
-            packed = tl.load(w_ptrs)
-        else:
-            packed = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
-        packed = packed.to(tl.uint32, bitcast=True)                              # [16, BLOCK_N]
-        offs_k = t * 128 + slots[:, None] * 16 + offs_r[None, :]                # [8, 16]: slot i, word row r
-        if HAS_PERM:
-            cols = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
-        else:
-            cols = offs_k
-        if EVEN_K:
-            x = tl.load(x_ptr + cols).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + cols, mask=offs_k < K, other=0.0).to(tl.float32)
-        codes = (((packed[None, :, :] >> shifts) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        cx = tl.sum(codes * x[:, :, None], axis=0)                              # [16, BLOCK_N]
-        s, zs = _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N,
-                              EVEN_N)
-        acc += cx * s[None, :] - tl.sum(x, axis=0)[:, None] * zs[None, :]
-    out = tl.sum(acc, axis=0)[None, :]
-    offs_m = tl.arange(0, 1)
-    _finish(out, pid_k, pid_n, offs_m, offs_n, offs_m < 1, mask_n, 1, N, bias_ptr, partial_ptr, counter_ptr, out_ptr,
-            SPLIT_K, HAS_BIAS)
-
-
-@triton.jit
 def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -208,33 +233,27 @@ def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HA
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernels: output tile width, K split, warps and pipeline stages,
-    and whether a single row takes the FMA GEMV kernel (``gemv``; groups of a multiple of 128 rows only)
-    rather than 16-row ``tl.dot`` tiles."""
+    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages."""
 
     block_n: int
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    gemv: bool = False
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, from a bandwidth argument (untuned; the
-    benchmark's ``--sweep`` measures the alternatives, the FMA GEMV for one row among them: Triton does
-    not software-pipeline its loads, so the 16-row ``tl.dot`` path, whose loads it pipelines through
-    shared memory, is the default even for one row): about four programs per SM, so that enough
-    weight loads are in flight; K split for that, but each program keeps at least two 128-row K tiles
-    and the float32 partial sums (``split * M * N * 4`` bytes) stay under about a quarter of the int4
-    weight bytes (``K * N / 2``); 128-wide output tiles unless that leaves too few programs."""
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweep of the Qwen2.5-7B
+    shapes (``benchmarks/results/quantization_sweep_h200_session6.json``; ``quant_kernels.py --sweep``):
+    64-column output tiles, 128 for wide layers (gate_up); the K split the power of two nearest to about
+    eight programs per SM (four from 17 rows on, whose float32 partial sums cost twice as much), at most
+    16 and leaving each program at least three 128-row K tiles. Four warps (one warpgroup)."""
     k_tiles = triton.cdiv(K, PACK_K)
-    split_cap = max(1, min(k_tiles // 2, K // (32 * M)))
-    target = 4 * num_sms
-    block_n = 128 if triton.cdiv(N, 128) * split_cap >= target // 2 else 64
+    block_n = 128 if N >= 16384 else 64
     tiles = triton.cdiv(N, block_n)
-    split_k = max(1, min(split_cap, triton.cdiv(target, tiles)))
-    # 8 warps at 128 columns: 75 registers a thread on sm_90 (147 with 4), so more programs fit per SM.
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=8 if block_n >= 128 else 4)
+    target = (8 if M <= 16 else 4) * num_sms
+    split_k = 2 ** max(0, round(math.log2(max(1.0, target / tiles))))
+    split_k = max(1, min(split_k, 16, k_tiles // 3))
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
@@ -265,7 +284,6 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    gemv = config.gemv and M == 1 and group_size % PACK_K == 0
     block_m = 16 if M <= 16 else 32
     k_tiles = triton.cdiv(K, PACK_K)
     tiles_per_split = triton.cdiv(k_tiles, config.split_k)
@@ -279,20 +297,19 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
             counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
         if counters.numel() < grid[0] * grid[1]:
             raise ValueError(f"W4A16 decode kernel: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
-    if gemv:
-        _w4a16_gemv_kernel[(grid[0], split_k)](
-            x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
-            partial, counters if counters is not None else qweight, out, N, K, scales.shape[0], tiles_per_split,
-            GROUP_SIZE=group_size, BLOCK_N=config.block_n, SPLIT_K=split_k, HAS_PERM=perm is not None,
-            HAS_BIAS=bias is not None, EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
-            num_warps=config.num_warps, num_stages=config.num_stages)
-        return out
+    if group_size % PACK_K == 0:
+        chunks_per_group = 8          # one group per K tile
+    elif PACK_K % group_size == 0:
+        chunks_per_group = group_size // 16
+    else:                             # groups straddle tiles (e.g. 192 rows): scale every 16-row chunk
+        chunks_per_group = 1
+    magic, offset = _CODE_OFFSET.get(x.dtype, (0, 0.0))
     _w4a16_decode_kernel[grid](
         x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
         partial, counters if counters is not None else qweight, out,
         M, N, K, scales.shape[0], x.stride(0), tiles_per_split,
-        GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=split_k,
-        HAS_PERM=perm is not None, HAS_BIAS=bias is not None, EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        GROUP_SIZE=group_size, CHUNKS_PER_GROUP=chunks_per_group, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        SPLIT_K=split_k, HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
+        EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out

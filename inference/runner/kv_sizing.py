@@ -43,7 +43,7 @@ def profile_activation_peak(model, config: EngineConfig, num_kv_heads: int, head
     rows = min(config.scheduler.max_num_seqs, tokens)
     logits = model.compute_logits(hidden[:rows])
     if logits is not None:  # None on tensor-parallel ranks other than 0 (rank 0 gathers the logits)
-        torch.log_softmax(logits, dim=-1).sort(dim=-1)
+        torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's float32 working set
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del scratch, hidden, logits

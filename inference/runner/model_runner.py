@@ -20,6 +20,7 @@ from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from .cuda_graph import decode_split_plan, graph_batch_sizes
 from .block_ops import copy_blocks, swap_blocks
 from .input_batch import HostBatch, device_inputs, host_batch
+from .multi_step import MultiStepHandle, run_decode_window
 from .kv_sizing import GiB, bytes_per_block, device_memory_check, num_swap_blocks
 from .kv_sizing import num_kv_blocks as kv_sizing_num_blocks
 
@@ -124,16 +125,19 @@ class ModelRunner:
         """Run one step and wait for its sampled tokens (``execute_async(...).result()``)."""
         return self.execute_async(sched_out).result()
 
-    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> "StepHandle":
+    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> "StepHandle | MultiStepHandle":
         """Launch the forward pass and sampling of one step without waiting for the device.
 
         ``input_ids``: for a decode step scheduled ahead, the previous step's sampled tokens on the
-        device (``StepHandle.device_token_ids``), one per request in batch order.
+        device (``StepHandle.device_token_ids``), one per request in batch order, or per row of the
+        previous batch when ``sched_out.input_rows`` picks some.
 
         The sampled tokens (and logprobs) are copied to host memory behind the step on the current
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
         (detokenizing the previous step) while the device runs this one.
         """
+        if input_ids is not None and sched_out.input_rows is not None:  # requests left since the last step
+            input_ids = input_ids[tensor_to_device(torch.tensor(sched_out.input_rows), input_ids.device)]
         return self.run(self.plan(sched_out, ahead=input_ids is not None), sched_out, input_ids)
 
     def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
@@ -147,14 +151,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, sched_out: SchedulerOutput | None = None,
-            input_ids: torch.Tensor | None = None) -> "StepHandle | None":
+            input_ids: torch.Tensor | None = None) -> "StepHandle | MultiStepHandle | None":
         """Run a planned step on this rank.
 
         Args:
             sched_out: the scheduler's output, on rank 0 only (it samples); the other ranks compute
                 the same logits rows for the gather and return a handle without tokens.
         Returns:
-            The launched step, or None for a plan without inputs.
+            The launched step (a window of ``sched_out.num_steps`` decode steps when that is more
+            than 1, see :mod:`.multi_step`), or None for a plan without inputs.
         """
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
@@ -172,10 +177,10 @@ class ModelRunner:
             inputs.meta.max_seq_len = self._max_seq_len
             inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
                                                        self.num_kv_heads, self._max_seq_len, self.device)
-        if self.graph_runner is not None and self.graph_runner.can_run(inputs):
-            hidden = self.graph_runner.run(inputs)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if sched_out is not None and sched_out.num_steps > 1:
+            return run_decode_window(self._decode_and_sample, inputs, sampling_meta, sched_out.num_steps,
+                                     self.block_size)
+        hidden = self._forward(inputs)
         sampled = None
         if plan.batch.logits_rows.size:  # on every rank: the ranks gather the logits together
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -183,6 +188,17 @@ class ModelRunner:
                 sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
+
+    def _forward(self, inputs) -> torch.Tensor:
+        """Hidden states ``[T, H]`` of the step's tokens (a CUDA graph replay where one fits)."""
+        if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            return self.graph_runner.run(inputs)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
+    def _decode_and_sample(self, inputs, sampling_meta: SamplingMetadata) -> torch.Tensor:
+        """One step of a multi-step window: ``[B]`` int64 tokens sampled from the logits rows."""
+        hidden = self._forward(inputs)
+        return self.sampler(self.model.compute_logits(hidden[inputs.logits_indices]), sampling_meta).token_ids
 
     def _sampling_metadata(self, requests: list) -> SamplingMetadata:
         """The step's sampling tensors; reused while the same requests sample in the same order
@@ -215,7 +231,7 @@ class ModelRunner:
             if logits is None:  # a tensor-parallel rank other than 0
                 continue
             req = requests[request_id]
-            logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
             targets = tensor_to_device(torch.tensor([req.prompt_token_ids[p] for p in scored]), logprobs.device)
             ids, values, ranks = compute_topk_logprobs(logprobs, targets, req.sampling_params.prompt_logprobs)
             result[request_id] = (ids, values, ranks)

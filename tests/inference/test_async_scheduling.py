@@ -76,3 +76,15 @@ def test_abort_while_a_step_is_launched_ahead(engines, workload):
     assert got["1"][0][2] == "abort"
     assert {k: v for k, v in got.items() if k != "1"} == {k: v for k, v in expected.items() if k != "1"}
     assert all(len(v[0][1]) == 30 for k, v in got.items() if k != "1")
+
+
+def test_requests_without_max_tokens_run_to_the_end_of_the_context(engines, test_prompts):
+    """``max_tokens=None`` fills the context (max_model_len 512): scheduling ahead compares with the
+    request's effective limit (it compared with ``max_tokens`` itself, and None crashed the step)."""
+    prompts = [(p * 100)[:490 + i] for i, p in enumerate(test_prompts[:2])]  # 22 and 21 tokens of room
+    params = [SamplingParams(temperature=0, max_tokens=None, ignore_eos=True) for _ in prompts]
+    expected, got = (_run(llm, prompts, params) for llm in engines)
+    assert got == expected
+    for i, prompt in enumerate(prompts):
+        _, ids, reason = got[str(i)][0]
+        assert len(ids) == 512 - len(prompt) and reason == "length"

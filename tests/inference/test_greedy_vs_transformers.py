@@ -51,7 +51,9 @@ def test_smollm2_each_prompt_alone(reference, test_prompts):
     dict(max_num_batched_tokens=64),                         # chunked prefill, chunk 64
     dict(num_kv_blocks=24, max_model_len=256),               # forced preemption: room for ~3 sequences
     dict(enable_chunked_prefill=False, max_model_len=512),   # whole prompts only
-], ids=["batched", "chunk16", "chunk64", "preemption", "no-chunking"])
+    dict(num_scheduler_steps=8),                             # multi-step: 8 decode steps per host iteration
+    dict(num_scheduler_steps=8, num_kv_blocks=24, max_model_len=256),  # multi-step windows and preemption
+], ids=["batched", "chunk16", "chunk64", "preemption", "no-chunking", "multi-step", "multi-step-preemption"])
 def test_smollm2_batched(reference, test_prompts, filler_prompts, engine_kwargs):
     kwargs = dict(max_model_len=512, kv_cache_space=0.5)
     kwargs.update(engine_kwargs)
@@ -61,6 +63,8 @@ def test_smollm2_batched(reference, test_prompts, filler_prompts, engine_kwargs)
     assert got[:len(reference)] == reference
     if "num_kv_blocks" in engine_kwargs:
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    if "num_scheduler_steps" in engine_kwargs:
+        assert llm.llm_engine.num_multi_step_windows > 0
     _assert_no_leak(llm)
 
 

@@ -146,7 +146,7 @@ def test_unknown_model_lists_the_accepted_forms(name):
     message = str(info.value)
     assert info.value.param == "model"
     assert repr(name) in message
-    assert "Hugging Face model directory" in message and ".gguf" in message and "SmolLM2-135M-Instruct" in message
+    assert "Hugging Face model directory" in message and ".gguf" in message and "'smollm2-135m-instruct'" in message
 
 
 def test_empty_model_name_is_not_the_current_directory():

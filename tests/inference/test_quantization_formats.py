@@ -7,7 +7,7 @@ import torch
 from inference.errors import InvalidRequestError, ModelLoadError
 from inference.quantization import QuantizationConfig, resolve_quantization, weight_memory
 from inference.quantization import awq, gptq, packing
-from inference.quantization.fp8 import Fp8LinearMethod, check_fp8_supported, quantize_fp8_rowwise
+from inference.quantization.fp8 import Fp8Activation, Fp8LinearMethod, check_fp8_supported, quantize_fp8_rowwise
 from inference.quantization.linear import QuantizedLinear, make_linear_method
 from inference.quantization.quantize import pack_linear
 
@@ -123,18 +123,43 @@ def test_fp8_rowwise_quantization_error_is_within_e4m3_precision():
     assert ((back - x).abs()[big] <= x.abs()[big] * 2 ** -4 + 1e-12).all()
 
 
-def test_fp8_linear_reference_tracks_the_dense_layer():
-    layer = QuantizedLinear(64, 32, True, Fp8LinearMethod(), torch.float32)
+def _fp8_layer(dtype: torch.dtype):
+    """An FP8 linear layer 64 -> 32 with a bias, quantized at load: ``(layer, w, b)`` (the float32 originals)."""
+    layer = QuantizedLinear(64, 32, True, Fp8LinearMethod(), dtype)
     w, b = torch.randn(32, 64) * 0.05, torch.randn(32) * 0.1
     with torch.no_grad():
         layer.weight.copy_(w)
         layer.bias.copy_(b)
     layer.method.process_weights_after_loading(layer)
+    return layer, w, b
+
+
+def test_fp8_linear_reference_tracks_the_dense_layer():
+    layer, w, b = _fp8_layer(torch.float32)
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (32,)
     x = torch.randn(7, 64)
     expected = x @ w.t() + b
     rel = (layer(x) - expected).norm() / expected.norm()
     assert rel < 0.05
+
+
+_FP8_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+                          else [])
+
+
+@pytest.mark.parametrize("device", _FP8_DEVICES)
+def test_fp8_layer_takes_an_activation_quantized_by_its_producer(device):
+    """A norm or SwiGLU kernel may hand the layer its per-token codes (Fp8Activation): same output as the
+    16-bit input, bias included (on the GPU it is added in the scaled GEMM's epilogue)."""
+    layer, w, b = _fp8_layer(torch.bfloat16)
+    layer.to(device)
+    assert layer.takes_fp8_activations
+    x = torch.randn(7, 64, device=device).to(torch.bfloat16)
+    expected = layer(x)
+    got = layer(Fp8Activation(*quantize_fp8_rowwise(x), torch.bfloat16))
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    dense = x.float() @ w.t().to(device) + b.to(device)
+    assert (got.float() - dense).norm() / dense.norm() < 0.05
 
 
 def test_fp8_without_fp8_tensor_cores_names_the_requirement():

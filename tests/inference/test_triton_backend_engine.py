@@ -19,8 +19,9 @@ from .conftest import hf_greedy, make_tiny_model  # noqa: E402
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_triton_backend_matches_transformers(kind, tmp_path, smollm2_tokenizer):
+@pytest.mark.parametrize("kind,num_scheduler_steps", [("llama", 1), ("qwen3", 1), ("llama", 4)],
+                         ids=["llama", "qwen3", "llama-multi-step"])
+def test_triton_backend_matches_transformers(kind, num_scheduler_steps, tmp_path, smollm2_tokenizer):
     from transformers import AutoModelForCausalLM
     folder = make_tiny_model(kind, tmp_path / kind, smollm2_tokenizer)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -29,9 +30,12 @@ def test_triton_backend_matches_transformers(kind, tmp_path, smollm2_tokenizer):
     expected = [hf_greedy(hf, p, 12) for p in prompts]
     device = "cuda" if HAS_CUDA else "cpu"
     llm = LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=32, kv_cache_space=0.05,
-              attention_backend="triton", device=device, dtype="float32", block_size=16)
+              attention_backend="triton", device=device, dtype="float32", block_size=16,
+              num_scheduler_steps=num_scheduler_steps)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
+    if num_scheduler_steps > 1:  # decode windows: slots and lengths advanced on the device
+        assert llm.llm_engine.num_multi_step_windows > 0
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks

@@ -38,3 +38,41 @@ def test_per_token_fp8_of_a_zero_row_gives_the_smallest_scale_and_zero_codes():
     codes, scales = per_token_fp8(x)
     assert scales[0, 0].item() == pytest.approx(1e-12) and scales[1, 0].item() == pytest.approx(1 / 448)
     assert codes[0].float().abs().sum().item() == 0 and torch.all(codes[1].float() == 448)
+
+
+# ------------------------------------------------------- quantization fused into the producing kernels
+from inference.models import triton_layers  # noqa: E402
+from inference.quantization.fp8 import Fp8Activation  # noqa: E402
+
+
+def _assert_same_activation(got: Fp8Activation, x16: torch.Tensor) -> None:
+    """``got`` holds exactly the codes and scales that quantizing the 16-bit result ``x16`` gives."""
+    codes, scales = quantize_fp8_rowwise(x16.reshape(-1, x16.shape[-1]))
+    assert isinstance(got, Fp8Activation) and got.dtype == x16.dtype
+    torch.testing.assert_close(got.scales, scales, atol=0, rtol=0)
+    assert torch.equal(got.codes.view(torch.uint8), codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["norm", "add_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_with_fp8_out_equals_quantizing_its_16_bit_output(residual, dtype):
+    torch.manual_seed(1)
+    x = (torch.randn(6, 200, device=DEVICE) * torch.logspace(-2, 2, 6, device=DEVICE)[:, None]).to(dtype)
+    weight = (torch.rand(200, device=DEVICE) * 3).to(dtype)
+    if residual:
+        r = torch.randn(6, 200, device=DEVICE, dtype=dtype)
+        expected, expected_residual = triton_layers.fused_add_rms_norm(x, r, weight, 1e-6)
+        got, new_residual = triton_layers.fused_add_rms_norm(x, r, weight, 1e-6, fp8_out=True)
+        assert torch.equal(new_residual, expected_residual)
+    else:
+        expected = triton_layers.rms_norm(x, weight, 1e-6)
+        got = triton_layers.rms_norm(x, weight, 1e-6, fp8_out=True)
+    _assert_same_activation(got, expected)
+
+
+@pytest.mark.parametrize("inter", [100, 5000])  # 5000: two 4096-wide tiles per pass, the last one partial
+def test_silu_and_mul_with_fp8_out_equals_quantizing_its_16_bit_output(inter):
+    torch.manual_seed(inter)
+    x = (torch.randn(3, 2 * inter, device=DEVICE) * 3).to(torch.bfloat16)
+    x[1] = 0.0  # a zero row: smallest scale, zero codes
+    _assert_same_activation(triton_layers.silu_and_mul(x, fp8_out=True), triton_layers.silu_and_mul(x))

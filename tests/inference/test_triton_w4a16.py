@@ -34,39 +34,42 @@ def _random_int4(K: int, N: int, group_size: int):
             dense.to(DEVICE))
 
 
-def test_ktiled_packing_round_trips_and_puts_16_consecutive_rows_in_each_slot():
+def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves_of_a_word():
     codes = torch.randint(0, 16, (200, 8), dtype=torch.int32)   # 2 tiles of 128, the second padded
     packed = packing.pack_ktiled(codes)
     assert packed.shape == (32, 8)
-    word = int(packed[16 + 3, 5]) & 0xFFFFFFFF                  # tile 1, r = 3
-    expected = [int(codes[128 + 16 * i + 3, 5]) if 128 + 16 * i + 3 < 200 else 0 for i in range(8)]
-    assert [(word >> (4 * i)) & 0xF for i in range(8)] == expected
+    word = int(packed[16 + 8 + 3, 5]) & 0xFFFFFFFF              # tile 1, half h = 1, pair p = 3
+    for j in range(4):                                          # chunk 4h + j: rows 2p, 2p + 1 of it
+        row = 128 + 16 * (4 + j) + 6
+        expected = [int(codes[r, 5]) if r < 200 else 0 for r in (row, row + 1)]
+        assert [(word >> (4 * j)) & 0xF, (word >> (16 + 4 * j)) & 0xF] == expected
     assert torch.equal(packing.unpack_ktiled(packed, 200), codes)
 
 
 # K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks.
-@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, gemv", [
-    (1, 256, 64, 128, 1, torch.float32, True),
-    (1, 384, 80, 128, 2, torch.bfloat16, True),
-    (1, 256, 64, 128, 2, torch.float32, False),
-    (1, 320, 96, 32, 2, torch.bfloat16, False),
-    (17, 320, 64, 64, 3, torch.float32, True),
-    (5, 384, 64, 192, 2, torch.bfloat16, True),
-    (32, 128, 32, 128, 1, torch.bfloat16, True),
+@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, block_n", [
+    (1, 256, 64, 128, 1, torch.float32, 32),
+    (1, 384, 80, 128, 2, torch.bfloat16, 64),
+    (1, 256, 64, 128, 2, torch.float16, 32),
+    (1, 320, 96, 32, 2, torch.bfloat16, 32),
+    (17, 320, 64, 64, 3, torch.float32, 32),
+    (5, 384, 64, 192, 2, torch.bfloat16, 32),
+    (32, 128, 32, 128, 1, torch.bfloat16, 32),
+    (8, 256, 128, 256, 2, torch.float16, 128),
 ])
-def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, gemv):
+def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
     expected = x.float() @ dense.to(dtype).float() + bias.float()
-    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(32, split_k, gemv=gemv))
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(block_n, split_k))
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
 
-@pytest.mark.parametrize("M, gemv", [(3, False), (1, True)])
-def test_decode_kernels_gather_act_order_columns_and_leave_their_counters_at_zero(M, gemv):
+@pytest.mark.parametrize("M", [3, 1])
+def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(M):
     K, N, group_size = 256, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     perm = torch.randperm(K, device=DEVICE)
@@ -74,7 +77,7 @@ def test_decode_kernels_gather_act_order_columns_and_leave_their_counters_at_zer
     x = torch.randn(M, K, device=DEVICE)
     for _ in range(2):  # the second call finds the counters the first one left
         out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
-                           config=DecodeConfig(32, 2, gemv=gemv))
+                           config=DecodeConfig(32, 2))
         torch.testing.assert_close(out, x[:, perm] @ dense, **TOL[torch.float32])
     assert counters.count_nonzero() == 0
 

@@ -73,8 +73,18 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:prefix_cache_hits_total", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc",
                  "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
                  "vllm:request_decode_time_seconds_bucket", "vllm:request_inference_time_seconds_bucket",
-                 "vllm:request_generation_tokens_bucket", "vllm:request_prompt_tokens_bucket"):
+                 "vllm:request_generation_tokens_bucket", "vllm:request_prompt_tokens_bucket",
+                 "vllm:iteration_tokens_total_bucket", "vllm:cache_config_info"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
+    assert any(line.startswith("vllm:cache_config_info{") and 'block_size="16"' in line for line in lines)
+    # tokens per engine step: the prompt's prefill step, then one token in each of the 2 decode steps
+    steps, step_tokens = "vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum"
+    while metric_value(text, steps) < metric_value(before, steps) + 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        text = metrics_text(stack.base_url)
+    assert metric_value(text, steps) == metric_value(before, steps) + 3
+    assert metric_value(text, step_tokens) == metric_value(before, step_tokens) + completion.usage.prompt_tokens + 2
     assert metric_value(text, ttft) == metric_value(before, ttft) + 1
     for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
                  "vllm:request_decode_time_seconds_count", "vllm:request_inference_time_seconds_count",
@@ -86,6 +96,21 @@ def test_metrics_use_vllm_names(stack):
     assert metric_value(text, tokens) == metric_value(before, tokens) + 3  # max_tokens=3, ignore_eos
     assert metric_value(text, itl) == metric_value(before, itl) + 2  # 3 tokens: 2 gaps
     assert metric_value(text, "vllm:generation_tokens_total") >= metric_value(before, "vllm:generation_tokens_total") + 3
+
+
+def test_a_request_with_several_choices_counts_once_in_every_request_metric(stack):
+    success, e2e = ('vllm:request_success_total{finished_reason="length"', "vllm:e2e_request_latency_seconds_count")
+    time.sleep(1.2)  # earlier tests' requests reach the heartbeat first
+    before = metrics_text(stack.base_url)
+    stack.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=2, n=3, extra_body={"ignore_eos": True})
+    deadline = time.monotonic() + 3
+    while metric_value(text := metrics_text(stack.base_url), e2e) < metric_value(before, e2e) + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.6)  # one more heartbeat: a per-choice count would show by now
+    text = metrics_text(stack.base_url)
+    assert metric_value(text, e2e) == metric_value(before, e2e) + 1
+    assert metric_value(text, success) == metric_value(before, success) + 1
 
 
 def test_index_page(stack):

@@ -42,6 +42,7 @@ def test_wrong_types_and_ranges_name_the_param(stack, field, value):
 @pytest.mark.parametrize("extra, field", [
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"), ({"max_completion_tokens": -5}, "max_completion_tokens"),
     ({"seed": 2**70}, "seed"), ({"logit_bias": {"999999": 5}}, "logit_bias"),
+    ({"max_completion_tokens": 10**6}, "max_completion_tokens"),  # past the context: checked against max_model_len
 ])
 def test_errors_name_the_field_the_client_sent(stack, extra, field):
     body = {"model": MODEL, "messages": CHAT, **extra}
@@ -119,6 +120,10 @@ def test_priority_needs_the_priority_policy(stack):
     error = _error(http("POST", stack.base_url + "/v1/chat/completions",
                         {"model": MODEL, "messages": CHAT, "priority": "high"}), 400)
     assert error["param"] == "priority"
+    # streamed too: a 400 before the stream starts (it was a 200 with an SSE error event)
+    error = _error(http("POST", stack.base_url + "/v1/completions",
+                        {"model": MODEL, "prompt": "Hi", "priority": -1, "stream": True}), 400)
+    assert error["param"] == "priority" and "--scheduling-policy priority" in error["message"]
 
 
 @pytest.fixture(scope="module")

@@ -43,3 +43,23 @@ def test_stats_line_averages_over_the_interval():
         "Waiting: 3 reqs, GPU KV cache usage: 41.2%, Prefix cache hit rate: 75.0%")
     logger.reset()  # a new engine: its counters start from 0 again, never a negative rate
     assert logger.line({"prompt_tokens_total": 5}, 16.0) is None
+
+
+def test_engine_step_histogram_and_cache_config_from_a_heartbeat():
+    from webapp import metrics
+    from webapp.serving.worker_metrics import RequestMetrics, flat_totals
+
+    stats = {"iteration_tokens_counts": [0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], "iteration_tokens_sum": 20000}
+    worker = {"id": "w1", "model": "m", "stats": {}, "cache_config": {
+        "block_size": 16, "cache_dtype": "auto", "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
+        "num_gpu_blocks": 4096, "num_cpu_blocks": 0, "swap_space": 0.0}}
+    text = metrics.render([worker], {"m": flat_totals(stats, RequestMetrics())}).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("vllm:iteration_tokens_total_bucket", (("le", "8.0"), ("model_name", "m")))] == 2
+    assert samples[("vllm:iteration_tokens_total_bucket", (("le", "16384.0"), ("model_name", "m")))] == 2
+    assert samples[("vllm:iteration_tokens_total_bucket", (("le", "+Inf"), ("model_name", "m")))] == 3
+    assert samples[("vllm:iteration_tokens_total_count", (("model_name", "m"),))] == 3
+    assert samples[("vllm:iteration_tokens_total_sum", (("model_name", "m"),))] == 20000
+    info = [labels for (name, labels), value in samples.items() if name == "vllm:cache_config_info" and value == 1]
+    assert info and dict(info[0])["num_gpu_blocks"] == "4096" and dict(info[0])["enable_prefix_caching"] == "True"

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from redis.exceptions import RedisError
 
 from inference.errors import InvalidRequestError
-from inference.validation import validate_prompt
+from inference.validation import validate_priority, validate_prompt
 from tenants.metering import Meter, error_kind
 
 from webapp.env import ENV
@@ -96,12 +96,17 @@ class Generation:
         if not workers:
             raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
         max_model_len = min(int(w["max_model_len"]) for w in workers)
+        if all(w.get("scheduling_policy") == "fcfs" for w in workers):  # a 400 before a stream starts
+            try:
+                validate_priority(self.options.priority, "fcfs")
+            except InvalidRequestError as error:
+                raise self.options.api_error(error) from None
         specs = []
         for p, prompt in enumerate(self.prompts):
             try:
                 max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
             except InvalidRequestError as error:
-                raise APIError.from_engine(error) from None
+                raise self.options.api_error(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
             specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug,
                                            self.options.priority, self._cache_salt))

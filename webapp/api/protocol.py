@@ -133,10 +133,15 @@ class GenerationOptions:
         try:
             return SamplingParams(**values)
         except InvalidRequestError as error:
-            sent_as = self.field_names.get(error.param or "")
-            if sent_as:
-                error = InvalidRequestError(str(error).replace(error.param, sent_as, 1), param=sent_as)
-            raise APIError.from_engine(error) from None
+            raise self.api_error(error) from None
+
+    def api_error(self, error: InvalidRequestError) -> APIError:
+        """The engine's error as a 400, naming the body field the client sent (``max_completion_tokens``
+        rather than ``max_tokens``, say)."""
+        sent_as = self.field_names.get(error.param or "")
+        if sent_as:
+            error = InvalidRequestError(str(error).replace(error.param, sent_as), param=sent_as)
+        return APIError.from_engine(error)
 
 
 def parse_common(body: Body, chat: bool) -> GenerationOptions:

@@ -405,12 +405,22 @@ class WorkerRuntime:
             **describe_device(),
             "gpus": gpu_stats(),
             "max_model_len": int(self.engine.max_model_len) if serving else None,
+            "cache_config": _cache_config(self.engine) if serving else None,
+            "scheduling_policy": self.engine.config.scheduler.scheduling_policy if serving else None,
             "stats": (dict(vars(stats)) if not isinstance(stats, dict) else stats) if stats is not None else {},
             "num_steps": loop.num_steps if serving else 0,
             "tenant_shares": loop.tenant_shares.shares if serving and loop.tenant_shares else None,
             "live": serving and state == READY and loop.is_alive() and not self._closing.is_set(),
         }
         return info
+
+
+def _cache_config(engine) -> dict[str, Any]:
+    """The engine's KV-cache settings, as vLLM's ``vllm:cache_config_info`` labels them."""
+    cache, kv = engine.config.cache, engine.kv_cache_manager
+    return {"block_size": cache.block_size, "cache_dtype": "auto", "enable_prefix_caching": cache.enable_prefix_caching,
+            "gpu_memory_utilization": cache.gpu_memory_utilization, "num_gpu_blocks": kv.num_blocks,
+            "num_cpu_blocks": kv.num_cpu_blocks, "swap_space": cache.swap_space}
 
 
 def _free_memory() -> None:

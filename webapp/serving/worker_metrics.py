@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.engine.iteration_stats import ITERATION_TOKEN_BUCKETS
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -35,6 +37,9 @@ HISTOGRAM_BOUNDS = {  # vLLM's histogram names (without ``vllm:``) -> bucket bou
     "request_inference_time_seconds": E2E_BUCKETS,
     "request_generation_tokens": TOKEN_BUCKETS,
     "request_prompt_tokens": TOKEN_BUCKETS,
+}
+ENGINE_HISTOGRAM_BOUNDS = {  # histograms the engine itself keeps (EngineStats), not the worker
+    "iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
 }
 ENGINE_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",  # engine stats
                    "prefix_cache_queries_total", "prefix_cache_hits_total", "num_swapped_out_total")
@@ -110,8 +115,8 @@ class RequestMetrics:
             live[2] += num_new_tokens
         if finished:
             self._live.pop(rid, None)
-            for reason in finish_reasons:
-                self.success[reason or "abort"] += 1
+            # once per request, like every histogram here (a request with n choices: its first choice's reason)
+            self.success[(finish_reasons[0] if finish_reasons else None) or "abort"] += 1
             arrival, done = metrics.get("arrival"), metrics.get("finished", step_time)
             if arrival is not None:
                 self.e2e.observe(max(0.0, done - arrival))
@@ -138,9 +143,14 @@ class RequestMetrics:
 
 
 def flat_totals(engine_stats: dict[str, Any], metrics: RequestMetrics) -> dict[str, float]:
-    """All cumulative values of one worker: the engine's counters (``ENGINE_COUNTERS``),
-    ``request_success:<reason>``, and ``<histogram>:bucket:<i>`` / ``:sum`` / ``:count``."""
+    """All cumulative values of one worker: the engine's counters (``ENGINE_COUNTERS``) and its
+    tokens-per-step histogram, ``request_success:<reason>``, and ``<histogram>:bucket:<i>`` / ``:sum`` /
+    ``:count``."""
     values = {name: engine_stats.get(name, 0) for name in ENGINE_COUNTERS}
+    counts = engine_stats.get("iteration_tokens_counts") or ()
+    values.update({f"iteration_tokens_total:bucket:{i}": c for i, c in enumerate(counts) if c})
+    values["iteration_tokens_total:sum"] = engine_stats.get("iteration_tokens_sum", 0)
+    values["iteration_tokens_total:count"] = sum(counts)
     values.update(metrics.flat())
     return values
 

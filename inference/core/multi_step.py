@@ -1,0 +1,111 @@
+"""Multi-step scheduling: several decode steps per scheduling of a decode-only batch.
+
+After vLLM's former ``--num-scheduler-steps N`` (vLLM v0 "multi-step scheduling"): when a step
+is decode-only, the scheduler reserves KV slots for up to ``N`` tokens per request at once and
+the model runner runs the steps back to back on the device, each step's sampled tokens being
+the next step's inputs (:mod:`inference.runner.multi_step`). The host sees the ``N x batch``
+tokens once, appends them request by request, applies the stop conditions token by token and
+drops the tokens a request sampled after its finish. Scheduling, input building and the launch
+are paid once per window instead of once per token.
+
+A step stays a single step (today's behaviour) when:
+
+* it computes anything but one sampled token per request: a prefill or prefill chunk, a
+  recomputation after preemption, parallel samples forking from their prompt;
+* it preempted a request, or a waiting request could be admitted (there is room under
+  ``max_num_seqs``): admitting it one step later, not ``N`` steps later, keeps TTFT as it is;
+* a request uses penalties, logprobs, or has not reached ``min_tokens`` (the sampler's input
+  then changes with every token, which the device loop does not track);
+* a request is one token from ``max_model_len`` (the window is cut to the shortest room left
+  to ``max_model_len``, so no position passes it), or the KV pool cannot hold the window's
+  slots of every request (no request is preempted for a window).
+
+With async scheduling the next window is scheduled and launched while one is in flight
+(:func:`rows_ahead`), its first inputs the last tokens of the window in flight, on the device.
+"""
+from __future__ import annotations
+
+from ..kv_cache import KVCacheManager
+from ..request import Request
+from .scheduler_output import SchedulerOutput
+
+MAX_SCHEDULER_STEPS = 64  # longest window (tokens of KV reserved ahead per request)
+
+
+def _decode_only(out: SchedulerOutput) -> bool:
+    for item in out.scheduled:
+        if item.num_scheduled_tokens != 1 or not item.samples or item.forks:
+            return False
+    return True
+
+
+def _sampling_is_step_invariant(request: Request, num_pending: int) -> bool:
+    params = request.sampling_params
+    return (params.logprobs is None and not params.presence_penalty and not params.frequency_penalty
+            and params.repetition_penalty == 1.0
+            and len(request.output_token_ids) + num_pending >= params.min_tokens)
+
+
+def window_size(out: SchedulerOutput, num_scheduler_steps: int, max_model_len: int,
+                admission_possible: bool, num_pending: int = 0) -> int:
+    """How many decode steps the batch ``out`` can run back to back: ``num_scheduler_steps``,
+    less near ``max_model_len``, or 1 (see the module docstring).
+
+    Args:
+        admission_possible: a waiting request could join the batch in the next step.
+        num_pending: tokens per request that the step in flight samples and the host has not
+            appended yet (a batch scheduled ahead, with async scheduling); 0 otherwise.
+    """
+    if num_scheduler_steps <= 1 or out.is_empty or out.preempted_ids or admission_possible:
+        return 1
+    if not _decode_only(out):
+        return 1
+    steps = num_scheduler_steps
+    for item in out.scheduled:
+        request = item.request
+        if not _sampling_is_step_invariant(request, num_pending):
+            return 1
+        # the request has len(all_token_ids) + num_pending tokens; it finishes by length at max_model_len
+        steps = min(steps, max_model_len - len(request.all_token_ids) - num_pending)
+    return max(steps, 1)
+
+
+def reserve_window(out: SchedulerOutput, kv: KVCacheManager, num_steps: int) -> bool:
+    """Grow the block tables of ``out``'s requests (each already holding the slot of its first
+    step) to hold ``num_steps`` tokens each; all or nothing. Returns False, holding nothing more,
+    when the pool cannot hold every request's window."""
+    requests = [item.request for item in out.scheduled]
+    needed = sum(kv.blocks_needed(r, num_steps) for r in requests)
+    if needed > kv.num_free_blocks:
+        return False
+    for request in requests:
+        if not kv.allocate_slots(request, num_steps):  # cannot fail: the blocks were counted above
+            raise AssertionError("KV pool changed while reserving a multi-step window")
+    return True
+
+
+def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int) -> list[int] | None:
+    """Async scheduling with multi-step windows: the rows of ``prev`` (in flight) that the step
+    after it decodes, or None when that step is not known without ``prev``'s tokens.
+
+    The next batch is the running requests, which must be ``prev``'s in ``prev``'s order less
+    those that finished since ``prev`` was launched (their rows are skipped: the next step's
+    inputs are the other rows of ``prev``'s last tokens). A request that reaches ``max_tokens``,
+    EOS or a stop string within ``prev`` is decoded once more and those tokens are thrown away;
+    without that, with requests of many lengths nearly every window would end one and no window
+    would run ahead. None when a running request did not decode in ``prev`` (one sampled token,
+    no forks), or could reach ``max_model_len`` within ``prev``.
+    """
+    scheduled, num_steps, rows, row = prev.scheduled, prev.num_steps, [], 0
+    for request in running:
+        while row < len(scheduled) and scheduled[row].request is not request:
+            row += 1
+        if row == len(scheduled):
+            return None
+        item = scheduled[row]
+        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
+                or len(request.all_token_ids) + num_steps >= max_model_len):
+            return None
+        rows.append(row)
+        row += 1
+    return rows or None
