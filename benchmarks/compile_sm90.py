@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from inference.quantization.triton_fp8 import _per_token_fp8_kernel  # noqa: E402
 from inference.quantization.triton_w4a16 import _w4a16_kernel  # noqa: E402
-from inference.quantization.triton_w4a16_decode import _w4a16_decode_kernel  # noqa: E402
+from inference.quantization.triton_w4a16_decode import _w4a16_decode_kernel, _w4a16_decode_tile_kernel  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {"x_ptr": "*bf16", "qweight_ptr": "*i32", "scales_ptr": "*fp16", "qzeros_ptr": "*i32", "perm_ptr": "*i64",
@@ -75,11 +75,19 @@ def report(name: str, fn, constexprs: dict, num_warps: int, num_stages: int, ove
 
 
 def main() -> None:
-    for block_m, block_n, warps in ((16, 128, 4), (16, 128, 8), (16, 64, 4), (32, 128, 4)):
-        report(f"decode BM{block_m} BN{block_n} w{warps}", _w4a16_decode_kernel,
-               dict(GROUP_SIZE=128, CHUNKS_PER_GROUP=8, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False,
-                    HAS_BIAS=True, MAGIC=0x4300, OFFSET=128.0, EVEN_K=True, EVEN_N=True), warps, 4,
-               weights_per_thread=16 * block_n * 8 // (32 * warps))
+    for mma_sync in (False, True):  # Triton's DISABLE_MMA_V3, read while compiling (DecodeConfig.mma_sync)
+        os.environ.pop("DISABLE_MMA_V3", None)
+        if mma_sync:
+            os.environ["DISABLE_MMA_V3"] = "1"
+        mma = "mma.sync" if mma_sync else "wgmma"
+        for block_m, block_n, warps in ((16, 128, 4), (16, 128, 8), (16, 64, 4), (32, 128, 4)):
+            common = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True,
+                          MAGIC=0x4300, OFFSET=128.0, EVEN_K=True, EVEN_N=True)
+            report(f"decode {mma} BM{block_m} BN{block_n} w{warps}", _w4a16_decode_kernel,
+                   dict(common, CHUNKS_PER_GROUP=8), warps, 4, weights_per_thread=16 * block_n * 8 // (32 * warps))
+            report(f"decode tile {mma} BM{block_m} BN{block_n} w{warps}", _w4a16_decode_tile_kernel, common, warps, 4,
+                   weights_per_thread=16 * block_n * 8 // (32 * warps))
+    os.environ.pop("DISABLE_MMA_V3", None)
     report("gemm BM64 BN128 (prefill)", _w4a16_kernel, dict(GROUP_SIZE=128, BLOCK_M=64, BLOCK_N=128,
                                                             DOT_PRECISION="tf32", ROW_GROUPS=False), 4, 3,
            {"out_ptr": "*fp32"})

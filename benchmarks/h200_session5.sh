@@ -8,6 +8,7 @@
 #   tp-awq    the same with AWQ (random 4-bit codes) in float16
 #   quant-decode  W4A16/FP8 decode step latency vs bf16 (Qwen2.5-7B shape, batch 1-32), kernel microbenchmarks
 #   quant-sweep   the same for bf16 and AWQ with a grid of W4A16 decode-kernel configs per shape
+#   quant-kernels the kernel microbenchmarks alone with the sweep (chunk/tile kernels x wgmma/mma.sync), no steps
 #   w1, w1-fp8    W1 (Qwen2.5-7B shape, 256 x 1024 in / 512 out) in bf16, and with --quantization fp8
 #   peer-w1   the transformers peer on W1 (64 prompts: generate_batch, then generate in batches of 64)
 #   w2, peer-w2   W2 (nano-vllm's workload, Qwen2.5-0.5B shape) on Tessera, and on the transformers peer
@@ -61,6 +62,8 @@ for step in "$@"; do
       --check-tokens 32 --check-dtype float16 --skip-throughput --output-json "$OUT/tensor_parallel_awq.json" ;;
   quant-decode) run_step quant-decode 240 python3 benchmarks/quantization.py --model $M7 --skip-throughput \
       --decode-steps 32 --output-json "$OUT/quantization.json" ;;
+  quant-kernels) run_step quant-kernels 480 python3 benchmarks/quant_kernels.py --model $M7 --sweep \
+      --output-json "$OUT/quant_kernels_sweep.json" ;;
   quant-sweep) run_step quant-sweep 420 python3 benchmarks/quantization.py --model $M7 --skip-throughput --sweep \
       --methods bf16 awq --decode-steps 32 --output-json "$OUT/quantization_sweep.json" ;;
   w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;

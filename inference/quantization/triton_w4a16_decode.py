@@ -35,6 +35,7 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -203,6 +204,86 @@ def _w4a16_decode_kernel(
 
 
 @triton.jit
+def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
+    # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
+    # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
+    # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
+    # trailing axes and moving them into place is a relabelling of registers, not a data movement.
+    w = tl.reshape(words, (BLOCK_N, 2, 8))
+    pairs = tl.join(tl.join(w & 0x000F000F, (w >> 4) & 0x000F000F),
+                    tl.join((w >> 8) & 0x000F000F, (w >> 12) & 0x000F000F))      # [BN, h, p, j0, j1]
+    if FP32:
+        rows = tl.join(((pairs & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
+                       ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
+    else:
+        pairs = pairs | (MAGIC * 0x10001)
+        rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
+    return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
+
+
+@triton.jit
+def _x_tile(x_ptr, perm_ptr, t, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM: tl.constexpr,
+            EVEN_K: tl.constexpr):
+    # x^T tile [128, BLOCK_M]: input rows 128t .. 128t + 127; zeros past the split's last tile and K
+    offs_k = t * 128 + offs_kk
+    if HAS_PERM:
+        cols = tl.load(perm_ptr + offs_k, mask=(offs_k < K) & (t < last), other=0)
+    else:
+        cols = offs_k
+    if EVEN_K:
+        mask = mask_m[None, :] & (t < last)
+    else:
+        mask = mask_m[None, :] & ((offs_k < K) & (t < last))[:, None]
+    return tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + cols[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _w4a16_decode_tile_kernel(
+    x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, perm_ptr, bias_ptr, partial_ptr, counter_ptr, out_ptr,
+    M, N, K, G, stride_xm, tiles_per_split,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
+    # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
+    # The group's sum(x) comes from a second MMA with an all-ones A, so it lands in the accumulator's layout.
+    # Arguments as in _w4a16_decode_kernel.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_kk = tl.arange(0, 128)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first = pid_k * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
+    xt = _x_tile(x_ptr, perm_ptr, first, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    w_ptrs = qweight_ptr + (first * 16 + tl.arange(0, 16))[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, 16]
+    for t in range(first, last):
+        if EVEN_N:
+            words = tl.load(w_ptrs)
+        else:
+            words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+        w_ptrs += 16 * N
+        a = _tile_operand(words, MAGIC, BLOCK_N, xt.dtype == tl.float32)
+        ones = tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype)
+        if xt.dtype == tl.float32:
+            part = tl.dot(a, xt, input_precision="ieee")
+            xsum = tl.dot(ones, xt, input_precision="ieee")
+        else:
+            part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                         # exact OFFSET + code
+            xsum = tl.dot(ones, xt)
+        s, zs = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
+        acc += part * s[:, None] - xsum * (OFFSET * s + zs)[:, None]
+        xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
+            partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
+
+
+@triton.jit
 def _finish(acc, pid_k, tile, offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr, partial_ptr, counter_ptr, out_ptr,
             SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     # Split-K epilogue: partial sums to the workspace; the last split of the tile to arrive adds them in
@@ -239,6 +320,8 @@ class DecodeConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
+    mma_sync: bool = False  # compiled to mma.sync instead of Hopper's wgmma (Triton's DISABLE_MMA_V3)
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
@@ -304,12 +387,34 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     else:                             # groups straddle tiles (e.g. 192 rows): scale every 16-row chunk
         chunks_per_group = 1
     magic, offset = _CODE_OFFSET.get(x.dtype, (0, 0.0))
-    _w4a16_decode_kernel[grid](
-        x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
-        partial, counters if counters is not None else qweight, out,
-        M, N, K, scales.shape[0], x.stride(0), tiles_per_split,
-        GROUP_SIZE=group_size, CHUNKS_PER_GROUP=chunks_per_group, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        SPLIT_K=split_k, HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
-        EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    args = (x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
+            partial, counters if counters is not None else qweight, out,
+            M, N, K, scales.shape[0], x.stride(0), tiles_per_split)
+    meta = dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=split_k,
+                HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
+                EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
+                num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.tile_mma and group_size % PACK_K == 0:
+        kernel = _w4a16_decode_tile_kernel
+    else:
+        kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
+    if not config.mma_sync:
+        kernel[grid](*args, **meta)
+        return out
+    # Triton picks wgmma on Hopper for every dot; its DISABLE_MMA_V3 switch, read while compiling, picks
+    # mma.sync. A separate JIT function holds the kernels compiled that way (Triton's in-memory cache key
+    # does not include the environment), and the switch is on only around its launches.
+    kernel = _MMA_SYNC_KERNELS.setdefault(kernel, triton.jit(kernel.fn))
+    previous = os.environ.get("DISABLE_MMA_V3")
+    os.environ["DISABLE_MMA_V3"] = "1"
+    try:
+        kernel[grid](*args, **meta)
+    finally:
+        if previous is None:
+            del os.environ["DISABLE_MMA_V3"]
+        else:
+            os.environ["DISABLE_MMA_V3"] = previous
     return out
+
+
+_MMA_SYNC_KERNELS: dict = {}  # kernel -> its copy compiled with mma.sync

@@ -57,19 +57,22 @@ def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves
     (32, 128, 32, 128, 1, torch.bfloat16, 32),
     (8, 256, 128, 256, 2, torch.float16, 128),
 ])
-def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n):
+@pytest.mark.parametrize("tile_mma", [False, True])  # groups of 128 and 256 take the one-MMA-per-tile kernel
+def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, tile_mma):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
     expected = x.float() @ dense.to(dtype).float() + bias.float()
-    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, config=DecodeConfig(block_n, split_k))
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias,
+                       config=DecodeConfig(block_n, split_k, tile_mma=tile_mma))
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
 
 @pytest.mark.parametrize("M", [3, 1])
-def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(M):
+@pytest.mark.parametrize("tile_mma", [False, True])
+def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(M, tile_mma):
     K, N, group_size = 256, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     perm = torch.randperm(K, device=DEVICE)
@@ -77,7 +80,7 @@ def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero
     x = torch.randn(M, K, device=DEVICE)
     for _ in range(2):  # the second call finds the counters the first one left
         out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
-                           config=DecodeConfig(32, 2))
+                           config=DecodeConfig(32, 2, tile_mma=tile_mma))
         torch.testing.assert_close(out, x[:, perm] @ dense, **TOL[torch.float32])
     assert counters.count_nonzero() == 0
 
