@@ -41,8 +41,7 @@ ROTATE_BYTES = 256 << 20
 # for the thin layers, 128 columns split 2-4 ways for gate_up); 256-wide tiles and 2 warps never won.
 SWEEP_TILES = ((64, 4, 4), (64, 8, 4), (64, 16, 4), (128, 1, 4), (128, 2, 4), (128, 4, 4), (128, 8, 4),
                (128, 2, 8), (128, 4, 8), (128, 8, 8))
-# (tile_mma, mma_sync): eight 16-row chunks per K tile or one MMA per tile; wgmma or mma.sync
-SWEEP_VARIANTS = ((False, False), (False, True), (True, False), (True, True))
+SWEEP_VARIANTS = (False, True)  # tile_mma: eight 16-row chunks per K tile, or one MMA per tile
 SWEEP_STAGES = 4
 
 
@@ -161,17 +160,17 @@ def _sweep(layers, x: torch.Tensor, ref: torch.Tensor, DecodeConfig, w4a16_decod
     K = x.shape[1]
     k_tiles = -(-K // packing.PACK_K)
     timings = {}
-    for (tile_mma, mma_sync), (block_n, split_k, warps) in itertools.product(SWEEP_VARIANTS, SWEEP_TILES):
+    for tile_mma, (block_n, split_k, warps) in itertools.product(SWEEP_VARIANTS, SWEEP_TILES):
         if split_k > k_tiles:
             continue
         config = DecodeConfig(block_n=block_n, split_k=split_k, num_warps=warps, num_stages=SWEEP_STAGES,
-                              tile_mma=tile_mma, mma_sync=mma_sync)
+                              tile_mma=tile_mma)
         calls = [lambda i=i: w4a16_decode(x, i.qweight, i.scales, i.qzeros, 128, counters=i.split_k_counters,
                                           config=config) for _, i, _ in layers]
-        name = f"{'tile' if tile_mma else 'chunk'}_{'sync' if mma_sync else 'wgmma'}_n{block_n}_s{split_k}_w{warps}"
+        name = f"{'tile' if tile_mma else 'chunk'}_n{block_n}_s{split_k}_w{warps}"
         timings[name] = _graph_ms(calls) if _rel_err(calls[0](), ref) < 2e-2 else None  # a wrong one cannot win
     best = min((name for name, ms in timings.items() if ms is not None), key=timings.get)
-    by_variant = {}  # "chunk_wgmma": (best config of that variant, us)
+    by_variant = {}  # "chunk" / "tile": (best config of that kernel, us)
     for name, ms in timings.items():
         variant = name.split("_n")[0]
         if ms is not None and (variant not in by_variant or ms * 1000 < by_variant[variant][1]):

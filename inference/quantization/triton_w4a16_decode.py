@@ -21,6 +21,12 @@ offset folded out). The MMA sums ``x * (OFFSET + c)``; per group, ``s * part - s
 removes the offset and the zero point (the x sums cost one add per x element). float32 activations
 (CPU tests, float32 models) subtract the offset per weight instead, exactly.
 
+Up to 16 rows and for groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``)
+unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile, with the tile's
+``sum(x)`` from a second MMA against an all-ones A: 3-7% faster than the eight 16-row chunks on the
+H200's 7B shapes at 1 and 8 rows (``benchmarks/results/quant_kernels_sweep_h200_session9.json``, which
+also times both kernels built with mma.sync instead of wgmma: slower everywhere).
+
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
 output in ``x.dtype``: one launch per linear, deterministic, no memset, safe inside CUDA graphs.
@@ -35,7 +41,6 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -321,22 +326,21 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 4
     tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
-    mma_sync: bool = False  # compiled to mma.sync instead of Hopper's wgmma (Triton's DISABLE_MMA_V3)
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweep of the Qwen2.5-7B
-    shapes (``benchmarks/results/quantization_sweep_h200_session6.json``; ``quant_kernels.py --sweep``):
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweeps of the Qwen2.5-7B
+    shapes (``quant_kernels.py --sweep``; ``benchmarks/results/quant_kernels_sweep_h200_session9.json``):
     64-column output tiles, 128 for wide layers (gate_up); the K split the power of two nearest to about
-    eight programs per SM (four from 17 rows on, whose float32 partial sums cost twice as much), at most
-    16 and leaving each program at least three 128-row K tiles. Four warps (one warpgroup)."""
+    four programs per SM, at most 16 and leaving each program at least three 128-row K tiles; four warps
+    (one warpgroup). Up to 16 rows the one-MMA-per-tile kernel (3-7% faster than the chunked one there);
+    from 17 rows on the chunked one (within 2% of the other, and the better at gate_up)."""
     k_tiles = triton.cdiv(K, PACK_K)
     block_n = 128 if N >= 16384 else 64
     tiles = triton.cdiv(N, block_n)
-    target = (8 if M <= 16 else 4) * num_sms
-    split_k = 2 ** max(0, round(math.log2(max(1.0, target / tiles))))
+    split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / tiles))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4)
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=M <= 16)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
@@ -398,23 +402,5 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         kernel = _w4a16_decode_tile_kernel
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
-    if not config.mma_sync:
-        kernel[grid](*args, **meta)
-        return out
-    # Triton picks wgmma on Hopper for every dot; its DISABLE_MMA_V3 switch, read while compiling, picks
-    # mma.sync. A separate JIT function holds the kernels compiled that way (Triton's in-memory cache key
-    # does not include the environment), and the switch is on only around its launches.
-    kernel = _MMA_SYNC_KERNELS.setdefault(kernel, triton.jit(kernel.fn))
-    previous = os.environ.get("DISABLE_MMA_V3")
-    os.environ["DISABLE_MMA_V3"] = "1"
-    try:
-        kernel[grid](*args, **meta)
-    finally:
-        if previous is None:
-            del os.environ["DISABLE_MMA_V3"]
-        else:
-            os.environ["DISABLE_MMA_V3"] = previous
+    kernel[grid](*args, **meta)
     return out
-
-
-_MMA_SYNC_KERNELS: dict = {}  # kernel -> its copy compiled with mma.sync
