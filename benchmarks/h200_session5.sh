@@ -21,6 +21,7 @@
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
 #   gpu-fp8   the FP8 and fused-layer kernel tests on the GPU (pytest, CUDA shapes)
+#   gpu-w4a16 the W4A16 kernel and AWQ/GPTQ format tests on the GPU
 #   w1-prof, w1-fp8-prof   W1's kernel table over 16 decode steps once all 256 are admitted, bf16 / fp8
 #   w1-fp8-prof-prefill    W1 fp8's kernel table over its first 4 steps (16,384-token prefill chunks)
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit: SIGABRT +
@@ -104,6 +105,8 @@ for step in "$@"; do
       --max-num-batched-tokens 16384 --profile-steps 32 --output-json "$OUT/w2_profile.json" ;;
   check32) run_step check32 150 python3 benchmarks/gpu_check.py --model .gpucache/qwen2.5-0.5b --dtype float32 \
       --checks prefix swap --num-prompts 16 --output-json "$OUT/gpu_check_fp32.json" ;;
+  gpu-w4a16) run_step gpu-w4a16 240 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_w4a16.py \
+      tests/inference/test_quantization_formats.py -k "w4a16 or decode or awq or gptq" ;;
   gpu-fp8) run_step gpu-fp8 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_fp8.py \
       tests/inference/test_quantization_formats.py tests/inference/test_triton_kernels.py -k "fp8 or rms or silu" ;;
   w1-prof) run_step w1-prof 200 python3 benchmarks/throughput.py $W1 --model $M7 --profile-steps 16 \
