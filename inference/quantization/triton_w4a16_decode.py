@@ -21,10 +21,10 @@ offset folded out). The MMA sums ``x * (OFFSET + c)``; per group, ``s * part - s
 removes the offset and the zero point (the x sums cost one add per x element). float32 activations
 (CPU tests, float32 models) subtract the offset per weight instead, exactly.
 
-Up to 16 rows and for groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``)
+For groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``, the default)
 unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile, with the tile's
-``sum(x)`` from a second MMA against an all-ones A: 3-7% faster than the eight 16-row chunks on the
-H200's 7B shapes at 1 and 8 rows (``benchmarks/results/quant_kernels_sweep_h200_session9.json``, which
+``sum(x)`` from a second MMA against an all-ones A: 3-15% faster than the eight 16-row chunks on the
+H200's 7B shapes at their best configs (``benchmarks/results/quant_kernels_sweep_h200_session9.json``, which
 also times both kernels built with mma.sync instead of wgmma: slower everywhere).
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
@@ -329,18 +329,20 @@ class DecodeConfig:
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweeps of the Qwen2.5-7B
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweep of the Qwen2.5-7B
     shapes (``quant_kernels.py --sweep``; ``benchmarks/results/quant_kernels_sweep_h200_session9.json``):
-    64-column output tiles, 128 for wide layers (gate_up); the K split the power of two nearest to about
-    four programs per SM, at most 16 and leaving each program at least three 128-row K tiles; four warps
-    (one warpgroup). Up to 16 rows the one-MMA-per-tile kernel (3-7% faster than the chunked one there);
-    from 17 rows on the chunked one (within 2% of the other, and the better at gate_up)."""
+    the one-MMA-per-tile kernel, four warps (one warpgroup). Up to 16 rows, 64-column output tiles (128
+    for wide layers such as gate_up) and the K split the power of two nearest to about four programs per
+    SM; from 17 rows on, whose float32 partial sums cost twice as much, 64-column tiles split 4 ways (the
+    best or within 3% of it on all four shapes). At most 16 splits, each of at least three 128-row K tiles."""
     k_tiles = triton.cdiv(K, PACK_K)
-    block_n = 128 if N >= 16384 else 64
-    tiles = triton.cdiv(N, block_n)
-    split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / tiles))))
+    if M <= 16:
+        block_n = 128 if N >= 16384 else 64
+        split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, block_n)))))
+    else:
+        block_n, split_k = 64, 4
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=M <= 16)
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
