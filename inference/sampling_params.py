@@ -30,7 +30,7 @@ class SamplingParams:
             engine generates no more candidates than it returns, so only None or ``n`` is accepted.
         temperature: softmax temperature (>= 0); 0 means greedy.
         top_p: nucleus probability mass, in (0, 1].
-        top_k: keep the k most likely tokens; -1 (or 0) keeps all.
+        top_k: keep the k most likely tokens; -1 or 0 keeps all.
         min_p: drop tokens whose probability is below ``min_p`` times the top one, in [0, 1].
         presence_penalty, frequency_penalty: OpenAI's additive penalties, in [-2, 2],
             over the tokens generated so far.
@@ -139,7 +139,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             bad("top_p", "in (0, 1]", self.top_p)
         if self.top_k < -1:
-            bad("top_k", "-1 (disabled) or at least 1", self.top_k)
+            bad("top_k", "-1 or 0 (keep all tokens), otherwise at least 1", self.top_k)
         if not 0 <= self.min_p <= 1:
             bad("min_p", "in [0, 1]", self.min_p)
         for name in ("presence_penalty", "frequency_penalty"):
