@@ -18,7 +18,7 @@ class SequenceOutputState:
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens, stop=list(params.stop),
-            include_stop_str_in_output=params.include_stop_str_in_output)
+            include_stop_str_in_output=params.include_stop_str_in_output, min_tokens=params.min_tokens)
         self.pending = CompletionOutput(index=request.index)
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
 

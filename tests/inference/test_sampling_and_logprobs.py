@@ -97,6 +97,48 @@ def test_stop_strings_and_finish_reasons(llm, test_prompts, smollm2_tokenizer):
     assert by_id.stop_reason == stop_id
 
 
+def _streamed_text(llm, prompt: list[int], params: SamplingParams) -> str:
+    """The text deltas of one request through ``LLMEngine.step()`` (what a server streams), joined;
+    checks that only the last delta carries a finish reason."""
+    engine, deltas = llm.llm_engine, []
+    engine.add_request("streamed", prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert not deltas or deltas[-1].finish_reason is None
+            deltas.extend(out.outputs)
+    assert deltas[-1].finish_reason is not None
+    return "".join(d.text for d in deltas)
+
+
+@pytest.mark.timeout(300)
+def test_min_tokens_holds_back_stop_strings(llm, test_prompts, smollm2_tokenizer):
+    prompt = [test_prompts[4]]
+    base = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    stop = base.text.split()[1]  # a word among the first few tokens
+    assert stop in base.text[:len(base.text) // 2]
+    plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    early = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=plain)[0].outputs[0]
+    assert early.text == base.text[:base.text.index(stop)]
+    # min_tokens past every token: the stop string is ordinary text and the output runs to max_tokens
+    held = plain.clone(min_tokens=40)
+    out = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=held)[0].outputs[0]
+    assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == (base.text, base.token_ids, "length", None)
+    assert _streamed_text(llm, prompt[0], held) == base.text
+    # min_tokens past the first match: the next match that ends in a later token's text stops it
+    for min_tokens in range(1, 40):
+        protected = smollm2_tokenizer.decode(base.token_ids[:min_tokens])
+        if stop in protected:
+            break
+    assert base.text.startswith(protected)
+    later = base.text.find(stop, len(protected) - len(stop) + 1)
+    params = plain.clone(min_tokens=min_tokens)
+    out = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=params)[0].outputs[0]
+    assert out.text == (base.text if later < 0 else base.text[:later])
+    assert out.finish_reason == ("length" if later < 0 else "stop") and stop in out.text
+    assert _streamed_text(llm, prompt[0], params) == out.text
+
+
 @pytest.mark.timeout(300)
 def test_chat_uses_the_chat_template(llm):
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
