@@ -13,6 +13,8 @@
   completes a match or stops being a prefix; on a match the output ends at the match (or
   just after it with ``include_stop_str_in_output``). With ``min_tokens``, a match must end in
   the text of a later token: the first ``min_tokens`` tokens' text is output as is (vLLM's rule).
+* **Stop tokens.** A stop token or EOS that ends the output (``stop_terminated``) stays a token
+  but adds no text unless ``include_stop_str_in_output`` (vLLM's behaviour).
 
 Decoding uses the tokenizer's Rust backend when it has one (``backend_tokenizer``) and never
 applies ``clean_up_tokenization_spaces`` (that clean-up is not stable under appending text).
@@ -72,7 +74,8 @@ class IncrementalDetokenizer:
             runs between them with single spaces, as Hugging Face slow tokenizers do; each
             run is then decoded on its own. With False, the text equals ``tokenizer.decode``.
         stop: strings that end the output; empty strings are ignored.
-        include_stop_str_in_output: keep the matched stop string at the end of the text.
+        include_stop_str_in_output: keep the matched stop string at the end of the text, and
+            the text of a stop token or EOS that ends the output.
         min_tokens: stop strings completed within the text of the first ``min_tokens`` output
             tokens do not end the output (a match may start there and end later).
 
@@ -119,7 +122,8 @@ class IncrementalDetokenizer:
         completed the match); None before a match."""
         return self._truncate_to
 
-    def update(self, new_token_ids: Sequence[int], finished: bool = False) -> tuple[str, str | None]:
+    def update(self, new_token_ids: Sequence[int], finished: bool = False,
+               stop_terminated: bool = False) -> tuple[str, str | None]:
         """Append newly sampled tokens and return ``(delta_text, stop_str)``.
 
         ``delta_text`` never ends in a partial UTF-8 character and never holds a tail that
@@ -128,7 +132,9 @@ class IncrementalDetokenizer:
         U+FFFD. ``stop_str`` is the first stop string to complete (if one token completes
         several: the one starting earliest in the text, then the first in ``stop``), or
         None. After a match the tokens after the one that completed it are ignored and the
-        request is over.
+        request is over. ``stop_terminated`` (with ``finished``): the last new token is a stop
+        token or EOS that ended the output; it counts as a token but adds no text unless
+        ``include_stop_str_in_output``.
 
         Raises:
             RuntimeError: if called again after a stop match or after ``finished=True``.
@@ -141,6 +147,9 @@ class IncrementalDetokenizer:
             if delta:
                 self._chunks.append(delta)
             return delta, None
+        num_skipped = 0
+        if stop_terminated and not self._include_stop and new_token_ids:
+            new_token_ids, num_skipped = new_token_ids[:-1], 1
         out: list[str] = []
         stopped = False
         for token_id in new_token_ids:
@@ -150,6 +159,7 @@ class IncrementalDetokenizer:
                 stopped = True  # tokens after the one completing the match are dropped
                 break
         else:
+            self._num_output_tokens += num_skipped
             if finished:
                 stopped = self._emit(self._runs_text(self._advance(final=True)), out, final=True)
         if stopped:

@@ -342,3 +342,14 @@ def test_stop_string_may_start_within_min_tokens(smollm2):
     assert (text, stop_str) == ("The capital of ", "France is")
     text, stop_str = run_min_tokens(smollm2, ["France is"], 5, 1)
     assert (text, stop_str) == (PARIS, None)
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("chunk", [1, 100])
+def test_stop_token_text_is_left_out(smollm2, include, chunk):
+    ids = encode(smollm2, "Paris, France")  # "Paris" "," " France": ends at the stop token ","
+    ids = ids[:ids.index(encode(smollm2, ",")[0]) + 1]
+    det = IncrementalDetokenizer(smollm2, [], include_stop_str_in_output=include)
+    deltas = [det.update(ids[i:i + chunk], finished=i + chunk >= len(ids), stop_terminated=i + chunk >= len(ids))[0]
+              for i in range(0, len(ids), chunk)]
+    assert "".join(deltas) == det.output_text == ("Paris," if include else "Paris")
