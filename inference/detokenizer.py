@@ -11,7 +11,10 @@
 * **Stop strings.** Text is matched after decoding, so a stop string may span tokens or
   start inside one. A tail that is a prefix of some stop string is held back until it
   completes a match or stops being a prefix; on a match the output ends at the match (or
-  just after it with ``include_stop_str_in_output``).
+  just after it with ``include_stop_str_in_output``). With ``min_tokens``, a match must end in
+  the text of a later token: the first ``min_tokens`` tokens' text is output as is (vLLM's rule).
+* **Stop tokens.** A stop token or EOS that ends the output (``stop_terminated``) stays a token
+  but adds no text unless ``include_stop_str_in_output`` (vLLM's behaviour).
 
 Decoding uses the tokenizer's Rust backend when it has one (``backend_tokenizer``) and never
 applies ``clean_up_tokenization_spaces`` (that clean-up is not stable under appending text).
@@ -71,7 +74,10 @@ class IncrementalDetokenizer:
             runs between them with single spaces, as Hugging Face slow tokenizers do; each
             run is then decoded on its own. With False, the text equals ``tokenizer.decode``.
         stop: strings that end the output; empty strings are ignored.
-        include_stop_str_in_output: keep the matched stop string at the end of the text.
+        include_stop_str_in_output: keep the matched stop string at the end of the text, and
+            the text of a stop token or EOS that ends the output.
+        min_tokens: stop strings completed within the text of the first ``min_tokens`` output
+            tokens do not end the output (a match may start there and end later).
 
     Without a stop match, the concatenated deltas equal ``decode(prompt + output)`` minus
     ``decode(prompt)``, which for byte-level vocabularies is ``decode(output)``.
@@ -79,7 +85,8 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], *,
                  skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True,
-                 stop: list[str] | None = None, include_stop_str_in_output: bool = False) -> None:
+                 stop: list[str] | None = None, include_stop_str_in_output: bool = False,
+                 min_tokens: int = 0) -> None:
         self._decode = _make_decode(tokenizer, skip_special_tokens)
         self._special_ids = special_token_ids(tokenizer)
         self._skip_special = skip_special_tokens
@@ -91,6 +98,8 @@ class IncrementalDetokenizer:
         self._max_held_chars = max((len(s) for s in self._stop), default=1) - 1
         self._include_stop = include_stop_str_in_output
         self._pending = ""  # decoded text held back as a possible stop-string prefix
+        self._min_tokens = min_tokens
+        self._protected = 0  # leading chars of _pending from the first min_tokens tokens: no match ends there
         self._chunks: list[str] = []
         self._num_output_tokens = 0
         self._stop_str: str | None = None
@@ -113,7 +122,8 @@ class IncrementalDetokenizer:
         completed the match); None before a match."""
         return self._truncate_to
 
-    def update(self, new_token_ids: Sequence[int], finished: bool = False) -> tuple[str, str | None]:
+    def update(self, new_token_ids: Sequence[int], finished: bool = False,
+               stop_terminated: bool = False) -> tuple[str, str | None]:
         """Append newly sampled tokens and return ``(delta_text, stop_str)``.
 
         ``delta_text`` never ends in a partial UTF-8 character and never holds a tail that
@@ -122,7 +132,9 @@ class IncrementalDetokenizer:
         U+FFFD. ``stop_str`` is the first stop string to complete (if one token completes
         several: the one starting earliest in the text, then the first in ``stop``), or
         None. After a match the tokens after the one that completed it are ignored and the
-        request is over.
+        request is over. ``stop_terminated`` (with ``finished``): the last new token is a stop
+        token or EOS that ended the output; it counts as a token but adds no text unless
+        ``include_stop_str_in_output``.
 
         Raises:
             RuntimeError: if called again after a stop match or after ``finished=True``.
@@ -135,6 +147,9 @@ class IncrementalDetokenizer:
             if delta:
                 self._chunks.append(delta)
             return delta, None
+        num_skipped = 0
+        if stop_terminated and not self._include_stop and new_token_ids:
+            new_token_ids, num_skipped = new_token_ids[:-1], 1
         out: list[str] = []
         stopped = False
         for token_id in new_token_ids:
@@ -144,6 +159,7 @@ class IncrementalDetokenizer:
                 stopped = True  # tokens after the one completing the match are dropped
                 break
         else:
+            self._num_output_tokens += num_skipped
             if finished:
                 stopped = self._emit(self._runs_text(self._advance(final=True)), out, final=True)
         if stopped:
@@ -238,21 +254,26 @@ class IncrementalDetokenizer:
             out.append(text)
             return False
         pending = self._pending + text
-        match = self._find_stop(pending)
-        if match is not None:
-            start, stop = match
-            out.append(pending[:start + len(stop) if self._include_stop else start])
-            self._pending, self._stop_str = "", stop
-            return True
+        if self._num_output_tokens <= self._min_tokens:  # within min_tokens: no match ends here
+            self._protected = len(pending)
+        else:
+            match = self._find_stop(pending, self._protected)
+            if match is not None:
+                start, stop = match
+                out.append(pending[:start + len(stop) if self._include_stop else start])
+                self._pending, self._stop_str = "", stop
+                return True
         held = 0 if final else self._held_suffix_len(pending)
         out.append(pending[:len(pending) - held])
         self._pending = pending[len(pending) - held:]
+        self._protected = max(0, self._protected - (len(pending) - held))
         return False
 
-    def _find_stop(self, text: str) -> tuple[int, str] | None:
+    def _find_stop(self, text: str, min_end: int) -> tuple[int, str] | None:
+        """The earliest stop string in ``text`` that ends after ``min_end`` characters."""
         best: tuple[int, str] | None = None
         for stop in self._stop:
-            start = text.find(stop)
+            start = text.find(stop, max(0, min_end - len(stop) + 1))
             if start >= 0 and (best is None or start < best[0]):
                 best = (start, stop)
         return best

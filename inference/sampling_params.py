@@ -11,7 +11,7 @@ MAX_LOGPROBS = 20
 MAX_N = 128  # samples per request; OpenAI's documented limit for ``n``
 SEED_RANGE = (-(2**63), 2**64 - 1)
 INTEGER_FIELDS = ("n", "top_k", "min_tokens")
-OPTIONAL_INTEGER_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
+OPTIONAL_INTEGER_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 BOOLEAN_FIELDS = ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
@@ -26,9 +26,11 @@ class SamplingParams:
 
     Args:
         n: number of independent samples, 1..``MAX_N`` (128, OpenAI's limit).
+        best_of: vLLM's number of candidates to generate before returning the best ``n``; this
+            engine generates no more candidates than it returns, so only None or ``n`` is accepted.
         temperature: softmax temperature (>= 0); 0 means greedy.
         top_p: nucleus probability mass, in (0, 1].
-        top_k: keep the k most likely tokens; -1 (or 0) keeps all.
+        top_k: keep the k most likely tokens; -1 or 0 keeps all.
         min_p: drop tokens whose probability is below ``min_p`` times the top one, in [0, 1].
         presence_penalty, frequency_penalty: OpenAI's additive penalties, in [-2, 2],
             over the tokens generated so far.
@@ -51,6 +53,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -122,6 +125,9 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             bad("n", f"between 1 and {MAX_N}", self.n)
+        if self.best_of is not None and self.best_of != self.n:
+            bad("best_of", f"None or equal to n={self.n} (this engine generates no more candidates than n)",
+                self.best_of)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
@@ -133,7 +139,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             bad("top_p", "in (0, 1]", self.top_p)
         if self.top_k < -1:
-            bad("top_k", "-1 (disabled) or at least 1", self.top_k)
+            bad("top_k", "-1 or 0 (keep all tokens), otherwise at least 1", self.top_k)
         if not 0 <= self.min_p <= 1:
             bad("min_p", "in [0, 1]", self.min_p)
         for name in ("presence_penalty", "frequency_penalty"):

@@ -18,7 +18,7 @@ class SequenceOutputState:
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens, stop=list(params.stop),
-            include_stop_str_in_output=params.include_stop_str_in_output)
+            include_stop_str_in_output=params.include_stop_str_in_output, min_tokens=params.min_tokens)
         self.pending = CompletionOutput(index=request.index)
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
 
@@ -75,12 +75,15 @@ def append_sampled_token(request: Request, token_id: int, max_model_len: int) ->
 def detokenize_sampled_token(request: Request, state: SequenceOutputState, token_id: int, logprobs,
                              status: RequestStatus | None, tokenizer) -> RequestStatus | None:
     """The text half, done while the device runs the next step: detokenize ``token_id``, look for
-    stop strings and add text, token and logprobs to the pending delta.
+    stop strings and add text, token and logprobs to the pending delta. A stop token or EOS that
+    finished the request (``status`` FINISHED_STOPPED here) adds its id and logprobs but no text,
+    unless ``include_stop_str_in_output``.
 
     Returns:
         ``status``, or FINISHED_STOPPED when a stop string ended the text here.
     """
-    delta_text, stop_str = state.detokenizer.update([token_id], finished=status is not None)
+    delta_text, stop_str = state.detokenizer.update([token_id], finished=status is not None,
+                                                    stop_terminated=status is RequestStatus.FINISHED_STOPPED)
     if stop_str is not None:
         status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = stop_str
@@ -124,7 +127,8 @@ def detokenize_sampled_tokens(request: Request, state: SequenceOutputState, toke
         ``status``, or FINISHED_STOPPED when a stop string ended the text.
     """
     detokenizer = state.detokenizer
-    delta_text, stop_str = detokenizer.update(token_ids, finished=status is not None)
+    delta_text, stop_str = detokenizer.update(token_ids, finished=status is not None,
+                                              stop_terminated=status is RequestStatus.FINISHED_STOPPED)
     if stop_str is not None:
         status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = stop_str

@@ -49,7 +49,8 @@ class EngineStats:
     num_cpu_blocks: int = 0  # blocks of the CPU swap space
     num_free_cpu_blocks: int = 0
     cpu_kv_cache_usage: float = 0.0  # fraction of the CPU swap space in use
-    # steps by tokens computed (non-cumulative counts over ITERATION_TOKEN_BUCKETS, then +Inf) and their sum
+    # steps by tokens (generated + prompts whose prefill finished; non-cumulative counts over
+    # ITERATION_TOKEN_BUCKETS, then +Inf) and their sum
     iteration_tokens_counts: tuple[int, ...] = ()
     iteration_tokens_sum: int = 0
 
@@ -287,9 +288,7 @@ class LLMEngine:
         runner_out = handle.result()
         self.device_wait_seconds += time.perf_counter() - waited
         if sched_out.num_steps > 1:
-            self.iteration_tokens.observe(len(sched_out.scheduled), sched_out.num_steps)
             return self._finish_window(sched_out, runner_out.multi_step_token_ids, updated)
-        self.iteration_tokens.observe(sum(item.num_scheduled_tokens for item in sched_out.scheduled))
         if not updated:  # scheduling ahead already advanced the requests
             self.scheduler.update_after_step(sched_out)
         token_ids, logprobs_list, prompt_logprobs = (runner_out.sampled_token_ids, runner_out.logprobs,
@@ -297,7 +296,7 @@ class LLMEngine:
         parents, max_model_len, finish_request = self._parents, self.max_model_len, self.scheduler.finish_request
         result = []
         row = 0  # the next sampled row: one per sampling request, in batch order
-        generated = 0
+        generated = prompts = 0  # tokens of this step: sampled, and prompts whose prefill finished
         for item in sched_out.scheduled:
             req = item.request
             samples = () if not item.samples else item.sampling_requests if item.forks else (req,)
@@ -311,7 +310,7 @@ class LLMEngine:
             if start < len(req.prompt_token_ids):  # a prompt chunk (decodes skip this bookkeeping)
                 self.prompt_tokens_computed_total += min(req.num_computed_tokens, req.num_prompt_tokens) - start
                 if samples and req.num_output_tokens == 0:
-                    self.prompt_tokens_total += req.num_prompt_tokens  # once per prompt, also with n > 1
+                    prompts += req.num_prompt_tokens  # once per prompt, also with n > 1
             for index, sample in enumerate(samples, first_row):
                 if sample.is_finished:  # ended by a stop string (or aborted) while in flight
                     continue
@@ -321,7 +320,9 @@ class LLMEngine:
                 if status is not None:
                     finish_request(sample, status)
                 result.append((parent, sample, token_id, logprobs_list[index], status))
+        self.prompt_tokens_total += prompts
         self.generation_tokens_total += generated
+        self.iteration_tokens.observe(prompts + generated)
         return result
 
     def _finish_window(self, sched_out, window_tokens: list[list[int]], updated: bool) -> list[tuple]:
@@ -329,20 +330,21 @@ class LLMEngine:
         one that finishes it (the others are dropped), as ``(parent, request, token_ids, None, status)``."""
         parents, max_model_len, finish_request = self._parents, self.max_model_len, self.scheduler.finish_request
         result = []
-        generated = 0
+        kept = []  # tokens appended per request
         for item, tokens in zip(sched_out.scheduled, window_tokens):
             req = item.request
             parent = parents.get(req.parent_id)
             if parent is None or req.is_finished:  # aborted, or ended by a stop string, while in flight
                 continue
             tokens, status = append_sampled_tokens(req, tokens, max_model_len)
-            generated += len(tokens)
+            kept.append(len(tokens))
             if status is not None:
                 finish_request(req, status)
             result.append((parent, req, tokens, None, status))
         if not updated:  # scheduling ahead already advanced the requests
             self.scheduler.update_after_multi_step(sched_out)
-        self.generation_tokens_total += generated
+        self.generation_tokens_total += sum(kept)
+        self.iteration_tokens.observe_window(kept)
         self.num_multi_step_windows += 1
         return result
 

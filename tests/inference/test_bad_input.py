@@ -24,12 +24,21 @@ def engine():
     (lambda: SamplingParams(n=129), "n", "between 1 and 128"),
     (lambda: SamplingParams(logprobs=21), "logprobs", "20"),
     (lambda: SamplingParams(prompt_logprobs=50), "prompt_logprobs", "20"),
+    (lambda: SamplingParams(top_k=-2), "top_k", "-1 or 0 (keep all tokens), otherwise at least 1"),
+    (lambda: SamplingParams(n=2, best_of=3), "best_of", "equal to n=2"),
+    (lambda: SamplingParams(best_of=4), "best_of", "no more candidates than n"),
+    (lambda: SamplingParams(best_of="2"), "best_of", "an integer"),
 ])
 def test_bad_sampling_params(make, param, limit):
     with pytest.raises(InvalidRequestError) as info:
         make()
     assert info.value.param == param
     assert param in str(info.value) and limit in str(info.value)
+
+
+def test_best_of_equal_to_n_and_top_k_zero_are_accepted():
+    assert SamplingParams(n=3, best_of=3).best_of == 3 and SamplingParams().best_of is None
+    assert SamplingParams(top_k=0).top_k == 0
 
 
 def _finish_all(engine) -> dict[str, str]:

@@ -305,3 +305,51 @@ def test_special_token_as_stop_string(smollm2):
     delta, stop_str = det.update(ids)
     assert (delta, stop_str) == ("<|im_start|>assistant\nHi there", "<|im_end|>")
     assert det.output_text == delta and det.truncate_token_ids_to == len(chat_ids(smollm2))
+
+
+# -- min_tokens and stop tokens ---------------------------------------------------------------
+
+def run_min_tokens(tokenizer, stop: list[str], min_tokens: int, chunk: int) -> tuple[str, str | None]:
+    """PARIS streamed ``chunk`` tokens at a time: ``(the text, the stop string that ended it)``."""
+    det = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Tell me:"), stop=stop, min_tokens=min_tokens)
+    ids, deltas = encode(tokenizer, PARIS), []
+    for i in range(0, len(ids), chunk):
+        delta, stop_str = det.update(ids[i:i + chunk], finished=i + chunk >= len(ids))
+        deltas.append(delta)
+        if stop_str is not None:
+            break
+    assert "".join(deltas) == det.output_text
+    return det.output_text, stop_str
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+@pytest.mark.parametrize("min_tokens, expected", [
+    (0, "The capital of France "),  # " is" (token 5) matches "is"
+    (5, "The capital of France is Par"),  # the first 5 tokens' "is" is text; " Paris" (token 6) matches
+    (6, "The capital of France is Paris. It "),
+    (100, PARIS),  # never past min_tokens: no match at all
+])
+def test_min_tokens_holds_back_stop_strings(smollm2, min_tokens, expected, chunk):
+    assert [smollm2.decode([i]) for i in encode(smollm2, PARIS)[:6]] == [
+        "The", " capital", " of", " France", " is", " Paris"]
+    text, stop_str = run_min_tokens(smollm2, ["is"], min_tokens, chunk)
+    assert text == expected and stop_str == (None if expected == PARIS else "is")
+
+
+def test_stop_string_may_start_within_min_tokens(smollm2):
+    # "France" is text of token 4, " is" of token 5: the match ends past min_tokens=4 and counts
+    text, stop_str = run_min_tokens(smollm2, ["France is"], 4, 1)
+    assert (text, stop_str) == ("The capital of ", "France is")
+    text, stop_str = run_min_tokens(smollm2, ["France is"], 5, 1)
+    assert (text, stop_str) == (PARIS, None)
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("chunk", [1, 100])
+def test_stop_token_text_is_left_out(smollm2, include, chunk):
+    ids = encode(smollm2, "Paris, France")  # "Paris" "," " France": ends at the stop token ","
+    ids = ids[:ids.index(encode(smollm2, ",")[0]) + 1]
+    det = IncrementalDetokenizer(smollm2, [], include_stop_str_in_output=include)
+    deltas = [det.update(ids[i:i + chunk], finished=i + chunk >= len(ids), stop_terminated=i + chunk >= len(ids))[0]
+              for i in range(0, len(ids), chunk)]
+    assert "".join(deltas) == det.output_text == ("Paris," if include else "Paris")

@@ -5,10 +5,13 @@ back to single steps (logprobs, penalties, min_tokens), the end of ``max_model_l
 deltas carry every token; every KV block comes back, also under preemption."""
 from __future__ import annotations
 
+import bisect
+
 import pytest
 
 from inference import LLM, InvalidRequestError, SamplingParams
 from inference.engine import EngineArgs
+from inference.engine.iteration_stats import ITERATION_TOKEN_BUCKETS
 
 
 def _run(llm: LLM, prompts, params) -> tuple[dict[str, tuple], int]:
@@ -138,18 +141,22 @@ def test_num_scheduler_steps_is_checked():
     assert error.value.param == "num_scheduler_steps"
 
 
-def test_iteration_tokens_count_every_computed_token(engines, test_prompts):
-    """``vllm:iteration_tokens_total``'s source: per step, its prompt tokens plus one per decoding request
-    (a multi-step window counts as its steps, including the tokens of requests that end inside it)."""
+def test_iteration_tokens_count_prompts_and_generated_tokens(engines, test_prompts):
+    """``vllm:iteration_tokens_total``'s source, counted as vLLM v1 does: per step, the tokens generated plus
+    the prompts whose prefill finished; a multi-step window counts as its steps, each with the requests
+    that kept a token in it. Its sum tracks prompt_tokens_total + generation_tokens_total."""
     params = [SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True) for i in range(len(test_prompts))]
-    computed = sum(map(len, test_prompts)) + sum(p.max_tokens - 1 for p in params)
+    expected = sum(map(len, test_prompts)) + sum(p.max_tokens for p in params)
     for llm in engines:
         before = llm.llm_engine.get_stats()
         _run(llm, test_prompts, params)
         after = llm.llm_engine.get_stats()
         steps = sum(after.iteration_tokens_counts) - sum(before.iteration_tokens_counts)
         tokens = after.iteration_tokens_sum - before.iteration_tokens_sum
-        if llm.llm_engine.config.scheduler.num_scheduler_steps == 1:
-            assert tokens == computed and steps == max(p.max_tokens for p in params)  # one prefill step, then decodes
-        else:
-            assert tokens >= computed and steps >= max(p.max_tokens for p in params)
+        totals = (after.prompt_tokens_total + after.generation_tokens_total
+                  - before.prompt_tokens_total - before.generation_tokens_total)
+        assert tokens == totals == expected
+        assert steps == max(p.max_tokens for p in params)  # one prefill step, then decodes
+        prefill_step = sum(map(len, test_prompts)) + len(test_prompts)  # every prompt and its first token
+        bucket = bisect.bisect_left(ITERATION_TOKEN_BUCKETS, prefill_step)  # above the decode steps' (1, 8]
+        assert bucket > 1 and after.iteration_tokens_counts[bucket] - before.iteration_tokens_counts[bucket] == 1

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from inference import LLM, SamplingParams
+from .conftest import CHAT
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,82 @@ def test_stop_strings_and_finish_reasons(llm, test_prompts, smollm2_tokenizer):
         temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_id]))[0].outputs[0]
     assert by_id.token_ids == base.token_ids[:base.token_ids.index(stop_id) + 1]
     assert by_id.stop_reason == stop_id
+
+
+@pytest.mark.timeout(300)
+def test_stop_token_text_is_left_out_unless_included(llm, test_prompts, smollm2_tokenizer):
+    prompt = [test_prompts[4]]
+    base = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    stop_id = base.token_ids[5]  # ends the text "... <token 5>" (the bug kept its text, e.g. " 4," for ",")
+    stop_text = smollm2_tokenizer.decode([stop_id])
+    assert stop_text.strip()
+    cut = base.token_ids.index(stop_id) + 1
+    outputs = {}
+    for include in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_id],
+                                include_stop_str_in_output=include, logprobs=0)
+        out = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=params)[0].outputs[0]
+        assert out.token_ids == base.token_ids[:cut] and (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+        assert len(out.logprobs) == cut and stop_id in out.logprobs[-1]  # the stop token keeps its logprob
+        assert _streamed_text(llm, prompt[0], params) == out.text
+        outputs[include] = out.text
+    assert outputs[True] == outputs[False] + stop_text and base.text.startswith(outputs[True])
+
+
+@pytest.mark.timeout(300)
+def test_eos_text_is_left_out_unless_included(llm):
+    texts = {}
+    for include in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=120, skip_special_tokens=False,
+                                spaces_between_special_tokens=False, include_stop_str_in_output=include)
+        out = llm.chat(CHAT, params, use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason == "stop" and out.token_ids[-1] in llm.llm_engine.eos_token_ids
+        texts[include] = out.text
+    eos_text = llm.get_tokenizer().decode(out.token_ids[-1:])
+    assert not texts[False].endswith(eos_text) and texts[True] == texts[False] + eos_text
+
+
+def _streamed_text(llm, prompt: list[int], params: SamplingParams) -> str:
+    """The text deltas of one request through ``LLMEngine.step()`` (what a server streams), joined;
+    checks that only the last delta carries a finish reason."""
+    engine, deltas = llm.llm_engine, []
+    engine.add_request("streamed", prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert not deltas or deltas[-1].finish_reason is None
+            deltas.extend(out.outputs)
+    assert deltas[-1].finish_reason is not None
+    return "".join(d.text for d in deltas)
+
+
+@pytest.mark.timeout(300)
+def test_min_tokens_holds_back_stop_strings(llm, test_prompts, smollm2_tokenizer):
+    prompt = [test_prompts[4]]
+    base = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    stop = base.text.split()[1]  # a word among the first few tokens
+    assert stop in base.text[:len(base.text) // 2]
+    plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    early = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=plain)[0].outputs[0]
+    assert early.text == base.text[:base.text.index(stop)]
+    # min_tokens past every token: the stop string is ordinary text and the output runs to max_tokens
+    held = plain.clone(min_tokens=40)
+    out = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=held)[0].outputs[0]
+    assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == (base.text, base.token_ids, "length", None)
+    assert _streamed_text(llm, prompt[0], held) == base.text
+    # min_tokens past the first match: the next match that ends in a later token's text stops it
+    for min_tokens in range(1, 40):
+        protected = smollm2_tokenizer.decode(base.token_ids[:min_tokens])
+        if stop in protected:
+            break
+    assert base.text.startswith(protected)
+    later = base.text.find(stop, len(protected) - len(stop) + 1)
+    params = plain.clone(min_tokens=min_tokens)
+    out = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=params)[0].outputs[0]
+    assert out.text == (base.text if later < 0 else base.text[:later])
+    assert out.finish_reason == ("length" if later < 0 else "stop") and stop in out.text
+    assert _streamed_text(llm, prompt[0], params) == out.text
 
 
 @pytest.mark.timeout(300)

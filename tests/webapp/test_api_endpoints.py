@@ -77,14 +77,18 @@ def test_metrics_use_vllm_names(stack):
                  "vllm:iteration_tokens_total_bucket", "vllm:cache_config_info"):
         assert any(line.startswith(name + "{") and f'model_name="{MODEL}"' in line for line in lines), name
     assert any(line.startswith("vllm:cache_config_info{") and 'block_size="16"' in line for line in lines)
-    # tokens per engine step: the prompt's prefill step, then one token in each of the 2 decode steps
+    # tokens per engine step (vLLM v1's count): the prefill step (the prompt + its first token), then one
+    # token in each of the 2 decode steps; the sum grows as prompt_tokens_total + generation_tokens_total
     steps, step_tokens = "vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum"
     while metric_value(text, steps) < metric_value(before, steps) + 3:
         assert time.monotonic() < deadline
         time.sleep(0.1)
         text = metrics_text(stack.base_url)
     assert metric_value(text, steps) == metric_value(before, steps) + 3
-    assert metric_value(text, step_tokens) == metric_value(before, step_tokens) + completion.usage.prompt_tokens + 2
+    assert metric_value(text, step_tokens) == metric_value(before, step_tokens) + completion.usage.prompt_tokens + 3
+    totals = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    assert (metric_value(text, step_tokens) - metric_value(before, step_tokens)
+            == sum(metric_value(text, name) - metric_value(before, name) for name in totals))
     assert metric_value(text, ttft) == metric_value(before, ttft) + 1
     for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
                  "vllm:request_decode_time_seconds_count", "vllm:request_inference_time_seconds_count",

@@ -65,6 +65,14 @@ def test_n_above_the_limit_names_n_and_the_limit(stack, path, body):
     assert error["param"] == "n" and "128" in error["message"], error
 
 
+def test_best_of_other_than_n_is_refused_by_sampling_params(stack):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "n": 2}
+    error = _error(http("POST", stack.base_url + "/v1/completions", {**body, "best_of": 3}), 400)
+    assert error["param"] == "best_of" and "n=2" in error["message"], error
+    status, _, answer = http("POST", stack.base_url + "/v1/completions", {**body, "best_of": 2})
+    assert status == 200 and len(json.loads(answer)["choices"]) == 2, answer
+
+
 @pytest.mark.parametrize("prompt", [[[True, 5]], [[5, False]], ["Hi", [1, True]], [True, 5], [[]], [[1.5]]])
 def test_booleans_and_non_integers_are_not_token_ids(stack, prompt):
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}

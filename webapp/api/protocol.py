@@ -170,6 +170,7 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
                           param="response_format")
     sampling = {
         "n": body.get("n", int, 1),
+        "best_of": body.get("best_of", int, None),  # SamplingParams refuses one other than n
         "temperature": body.get("temperature", float, 1.0),
         "top_p": body.get("top_p", float, 1.0),
         "top_k": body.get("top_k", int, -1),
@@ -193,9 +194,6 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         raise bad_request("'prompt_logprobs' with 'stream' is not supported yet.", param="prompt_logprobs")
     if sampling["top_k"] == 0:
         sampling["top_k"] = -1
-    best_of = body.get("best_of", int, None)
-    if best_of is not None and best_of != sampling["n"]:
-        raise bad_request("'best_of' different from 'n' is not supported.", param="best_of")
     return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
                              sampling=sampling, priority=body.get("priority", int, 0), field_names=field_names)
 
