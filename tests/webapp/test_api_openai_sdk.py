@@ -101,6 +101,26 @@ def test_completion_logprobs_shape(stack):
     assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
 
 
+def test_completion_top_logprobs_add_the_sampled_token(stack):
+    """vLLM's legacy ``top_logprobs``: the ``logprobs`` most likely tokens and the sampled one when it is
+    not among them; ``logprobs=0``: the sampled token alone."""
+    client = stack.openai()
+    kwargs = dict(model=MODEL, prompt="My favourite word is", max_tokens=24, temperature=1.5, seed=11)
+    for top_n in (0, 2):
+        lp = client.completions.create(logprobs=top_n, **kwargs).choices[0].logprobs
+        assert len(lp.top_logprobs) == len(lp.tokens) == 24
+        sizes = []
+        for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert abs(top[token] - logprob) < 1e-4, (token, top)
+            if len(top) == top_n + 1:  # the sampled token beyond the top ones: the least likely of them
+                assert logprob == min(top.values())
+            sizes.append(len(top))
+        if top_n == 0:
+            assert set(sizes) == {1}
+        else:  # temperature 1.5 samples some tokens outside the top 2 (precondition of the check above)
+            assert set(sizes) <= {2, 3} and 3 in sizes, sizes
+
+
 def test_max_completion_tokens_and_vllm_extras(stack):
     reply = stack.openai().chat.completions.create(
         model=MODEL, messages=CHAT, max_completion_tokens=6, temperature=0.7, top_p=0.9, presence_penalty=0.5,
