@@ -56,7 +56,19 @@ def test_every_stream_ends_with_done_and_usage_chunk(stack):
         assert events[-1] == "[DONE]"
         usage_chunk = json.loads(events[-2])
         assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 8
+        assert isinstance(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"], int)
         assert all(json.loads(e)["usage"] is None for e in events[:-2])
+
+
+def test_usage_always_reports_cached_prompt_tokens(stack):
+    """``prompt_tokens_details.cached_tokens`` is there without a prefix-cache hit too (0; the test
+    worker runs without prefix caching), in streamed final usage as well, as OpenAI sends it."""
+    client = stack.openai()
+    for reply in (client.completions.create(model=MODEL, prompt="Hi", max_tokens=1),
+                  client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1),
+                  list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, stream=True,
+                                                 stream_options={"include_usage": True}))[-1]):
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0, reply.usage
 
 
 def test_n_samples_and_seed(stack):

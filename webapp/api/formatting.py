@@ -97,11 +97,11 @@ def vllm_prompt_logprobs(prompt_positions: list[Position | None] | None) -> list
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
+    """OpenAI's ``usage`` object; ``prompt_tokens_details.cached_tokens`` (prompt tokens served from
+    the prefix cache) is always there, 0 without a hit, as OpenAI sends it."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -79,7 +79,7 @@ class Generation:
         self.want_logprobs = options.sampling.get("logprobs") is not None
         self.choices = {p * self.n + i: ChoiceState(p * self.n + i, p)
                         for p in range(len(prompts)) for i in range(self.n)}
-        self.cached_tokens = 0
+        self._cached_tokens: dict[int, int] = {}  # prompt index -> its prompt tokens from the prefix cache
         self.stream: GenerationStream | None = None
         self._prompts_run: set[int] = set()  # prompts the engine has produced something for
         self._prompt_logprobs: dict[int, list] = {}  # prompt index -> its prompt logprobs (wire format)
@@ -267,8 +267,7 @@ class Generation:
         self._prompts_run.add(prompt_index)
         if message.get("prompt_logprobs") is not None:
             self._prompt_logprobs[prompt_index] = message["prompt_logprobs"]
-        if message.get("finished"):
-            self.cached_tokens += message.get("num_cached_tokens", 0)
+        self._cached_tokens[prompt_index] = message.get("num_cached_tokens", 0)  # the last message's is final
         for out in message["outputs"]:
             c = self.choices[prompt_index * self.n + out["index"]]
             c.text += out["text"]
@@ -283,7 +282,7 @@ class Generation:
     def _usage(self) -> dict[str, Any]:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
-        return formatting.usage(prompt_tokens, completion_tokens, self.cached_tokens)
+        return formatting.usage(prompt_tokens, completion_tokens, sum(self._cached_tokens.values()))
 
 
 def _kind_of(error: BaseException) -> str:
