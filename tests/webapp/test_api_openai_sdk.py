@@ -60,6 +60,25 @@ def test_every_stream_ends_with_done_and_usage_chunk(stack):
         assert all(json.loads(e)["usage"] is None for e in events[:-2])
 
 
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": CHAT}),
+                                        ("/v1/completions", {"prompt": "Hi", "echo": True})])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(stack, path, body):
+    status, _, raw = http("POST", stack.base_url + path, dict(
+        body, model=MODEL, max_tokens=5, ignore_eos=True, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert status == 200, raw
+    chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+    final = chunks.pop()
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 5
+    prompt_tokens = final["usage"]["prompt_tokens"]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    # the role (echo) chunk first; then the tokens, several to a chunk when a worker message carries several
+    assert len(chunks) >= 2 and counts[0] == 0 and counts[-1] == 5 and counts == sorted(counts)
+    for c in chunks:
+        assert c["usage"]["prompt_tokens"] == prompt_tokens
+        assert c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"]
+
+
 def test_usage_always_reports_cached_prompt_tokens(stack):
     """``prompt_tokens_details.cached_tokens`` is there without a prefix-cache hit too (0; the test
     worker runs without prefix caching), in streamed final usage as well, as OpenAI sends it."""

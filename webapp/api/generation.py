@@ -220,7 +220,7 @@ class Generation:
         chunk = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
                  "choices": [choice]}
         if self.options.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = self._choice_usage(c) if self.options.continuous_usage else None
         return chunk
 
     def _delta_chunk(self, c: ChoiceState, new_text: str) -> dict[str, Any] | None:
@@ -283,6 +283,12 @@ class Generation:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
         return formatting.usage(prompt_tokens, completion_tokens, sum(self._cached_tokens.values()))
+
+    def _choice_usage(self, c: ChoiceState) -> dict[str, Any]:
+        """Usage so far of one choice (its prompt's tokens and its own), for ``continuous_usage_stats``
+        chunks, as vLLM counts them."""
+        return formatting.usage(len(self.prompts[c.prompt_index].token_ids), c.num_tokens,
+                                self._cached_tokens.get(c.prompt_index, 0))
 
 
 def _kind_of(error: BaseException) -> str:

@@ -103,6 +103,8 @@ class GenerationOptions:
         model: the requested model name ("" for the default).
         stream: answer with server-sent events.
         include_usage: add a final usage chunk to the stream.
+        continuous_usage: with ``include_usage``, every chunk carries the usage so far too
+            (vLLM's ``stream_options.continuous_usage_stats``).
         sampling: keyword arguments of ``SamplingParams`` (``max_tokens`` None = fill the context).
         echo: completions only: prepend the prompt to the output.
         echo_logprobs: completions only, with ``echo`` and ``logprobs``: the prompt's tokens lead the
@@ -117,6 +119,7 @@ class GenerationOptions:
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
     echo_logprobs: bool = False
+    continuous_usage: bool = False
     priority: int = 0
     # engine parameter name -> the body field the client sent it as (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
@@ -155,7 +158,9 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     stream_options = body.get("stream_options", dict, None)
     if stream_options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
-    include_usage = bool(Body(stream_options or {}, "stream_options.").get("include_usage", bool, False))
+    stream_options = Body(stream_options or {}, "stream_options.")
+    include_usage = bool(stream_options.get("include_usage", bool, False))
+    continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats", bool, False))
     max_tokens = body.get("max_tokens", int, None)
     field_names = {}
     if chat and body.get("max_completion_tokens", int, None) is not None:
@@ -197,7 +202,8 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if best_of is not None and best_of != sampling["n"]:
         raise bad_request("'best_of' different from 'n' is not supported.", param="best_of")
     return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
-                             sampling=sampling, priority=body.get("priority", int, 0), field_names=field_names)
+                             continuous_usage=continuous_usage, sampling=sampling,
+                             priority=body.get("priority", int, 0), field_names=field_names)
 
 
 def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dict[str, Any]]:
