@@ -90,6 +90,24 @@ def test_usage_always_reports_cached_prompt_tokens(stack):
         assert reply.usage.prompt_tokens_details.cached_tokens == 0, reply.usage
 
 
+def test_completions_max_tokens_defaults_to_16_and_null_fills_the_context(stack):
+    client = stack.openai()
+    reply = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 16 and reply.choices[0].finish_reason == "length"
+    long_prompt = [28] * 2040  # 8 tokens short of max_model_len 2048
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": long_prompt, "max_tokens": None, "ignore_eos": True})
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": long_prompt})
+    error = json.loads(body)["error"]  # the default 16 does not fit after 2040 prompt tokens
+    assert status == 400 and error["param"] == "max_tokens" and "2056" in error["message"]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi " * 1960}],
+                                          extra_body={"ignore_eos": True})  # chat: no default, up to the context
+    assert chat.usage.completion_tokens == 2048 - chat.usage.prompt_tokens > 16
+    assert chat.choices[0].finish_reason == "length"
+
+
 def test_n_samples_and_seed(stack):
     client = stack.openai()
     reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, n=3, temperature=1.0, seed=3)

@@ -18,6 +18,7 @@ from .errors import APIError, bad_request
 _MISSING = object()
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's and vLLM's default)
 
 
 
@@ -242,6 +243,8 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         APIError: 400 for a missing or malformed prompt or field.
     """
     options = parse_common(body, chat=False)
+    if "max_tokens" not in body.data:  # absent: OpenAI's and vLLM's default; null: fill the context
+        options.sampling["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     prompt = body.data.get("prompt")
     if isinstance(prompt, str):
         prompts: list = [prompt]
