@@ -270,6 +270,9 @@ class Generation:
         self._cached_tokens[prompt_index] = message.get("num_cached_tokens", 0)  # the last message's is final
         for out in message["outputs"]:
             c = self.choices[prompt_index * self.n + out["index"]]
+            if self.options.echo_only:  # the one token the engine ran is not the client's
+                out = dict(out, text="", token_ids=[], logprobs=None,
+                           finish_reason="length" if out["finish_reason"] is not None else None, stop_reason=None)
             c.text += out["text"]
             c.num_tokens += len(out["token_ids"])
             c.pending_ids.extend(out["token_ids"])

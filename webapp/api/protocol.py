@@ -21,7 +21,6 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's and vLLM's default)
 
 
-
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object.
 
@@ -110,6 +109,8 @@ class GenerationOptions:
         echo: completions only: prepend the prompt to the output.
         echo_logprobs: completions only, with ``echo`` and ``logprobs``: the prompt's tokens lead the
             legacy ``logprobs`` arrays (the first with ``null`` logprobs), as vLLM and OpenAI do.
+        echo_only: completions only, ``echo`` with ``max_tokens: 0``: answer the prompt (and its
+            logprobs) alone, no generated token; the engine runs one token, which is dropped.
         priority: vLLM's scheduling priority (lower runs earlier); the engine refuses values other
             than 0 unless it runs the ``priority`` scheduling policy.
     """
@@ -120,6 +121,7 @@ class GenerationOptions:
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
     echo_logprobs: bool = False
+    echo_only: bool = False
     continuous_usage: bool = False
     priority: int = 0
     # engine parameter name -> the body field the client sent it as (for error messages)
@@ -259,6 +261,8 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         raise bad_request("'suffix' is not supported.", param="suffix")
     options.sampling["logprobs"] = body.get("logprobs", int, None)
     options.echo = body.get("echo", bool, False)
+    if options.echo and options.sampling["max_tokens"] == 0:
+        _echo_only(options)
     if options.echo and options.sampling["logprobs"] is not None:  # the prompt's logprobs come first
         if options.stream:
             raise bad_request("'echo' with 'logprobs' and 'stream' is not supported yet.", param="echo")
@@ -266,3 +270,16 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         options.sampling["prompt_logprobs"] = max(options.sampling["logprobs"],
                                                   options.sampling["prompt_logprobs"] or 0)
     return options, prompts
+
+
+def _echo_only(options: GenerationOptions) -> None:
+    """``echo`` with ``max_tokens: 0`` (vLLM allows it, for scoring a text): the prompt alone.
+
+    Raises:
+        APIError: 400 naming ``min_tokens`` when it asks for generated tokens all the same.
+    """
+    if options.sampling["min_tokens"] > 0:
+        raise bad_request(f"'min_tokens' ({options.sampling['min_tokens']}) must be 0 with 'echo' and "
+                          "'max_tokens' 0: no token is generated.", param="min_tokens")
+    options.echo_only = True
+    options.sampling["max_tokens"] = 1  # the engine runs at least one token; it is not returned
