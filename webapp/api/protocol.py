@@ -6,6 +6,7 @@ too. Every type error is a 400 naming the field (``param``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ _MISSING = object()
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's and vLLM's default)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs the valid ones into one character
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -35,7 +37,35 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("The request body nests JSON arrays or objects too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    if b"\\u" in (raw or b""):  # only an escape can make a lone surrogate: valid UTF-8 never holds one
+        _reject_lone_surrogates(body)
     return body
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """Where in ``value`` a string (or object key) holds a lone UTF-16 surrogate, e.g. ``messages[0].content``."""
+    if isinstance(value, str):
+        return path if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, list):
+        return next((p for i, v in enumerate(value) if (p := _surrogate_path(v, f"{path}[{i}]"))), None)
+    if isinstance(value, dict):
+        for key, v in value.items():
+            where = f"{path}.{key}" if path else key
+            found = _surrogate_path(key, where) or _surrogate_path(v, where)
+            if found is not None:
+                return found
+    return None
+
+
+def _reject_lone_surrogates(body: dict[str, Any]) -> None:
+    """Raises APIError (400, ``param``: the top-level field) when a string holds a lone surrogate
+    (``"\\ud800"``): JSON allows the escape, but it is no Unicode character and cannot be tokenized."""
+    where = _surrogate_path(body, "")
+    if where is not None:
+        where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold the surrogate itself
+        field_name = where.split(".", 1)[0].split("[", 1)[0]
+        raise bad_request(f"'{where}' contains a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not "
+                          "a Unicode character; send valid text (surrogates only as pairs).", param=field_name)
 
 
 class Body:
