@@ -145,7 +145,7 @@ def test_a_prompt_larger_than_a_token_limit_is_refused_without_retry_after(tenan
     prompt_tokens = json.loads(raw)["count"]
     status, reason, response_headers, body = _post(tenant_web.base_url, "/v1/completions",
                                                    {"model": MODEL, "prompt": prompt, "max_tokens": 1}, headers)
-    assert status == 429, (status, body)
+    assert status == 429 and reason == "Too Many Requests", (status, reason, body)
     error = body["error"]
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens", error
     assert "too large" in error["message"] and what in error["message"], error
@@ -154,3 +154,12 @@ def test_a_prompt_larger_than_a_token_limit_is_refused_without_retry_after(tenan
     assert completion(tenant_web.base_url, headers, prompt="Hi", max_tokens=1)[0] == 200
     assert wait_usage(team, 2)["errors_rate_limited"] == 1
 
+
+def test_rate_limit_status_line_says_too_many_requests(tenant_web):
+    """The status line's reason phrase is the standard one (it was "429 Unknown Status")."""
+    team = make_tenant(requests_per_minute=1)
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    assert _post(tenant_web.base_url, "/v1/completions", body, {"X-Tenant-ID": team.slug})[0] == 200
+    status, reason, response_headers, _ = _post(tenant_web.base_url, "/v1/completions", body,
+                                                {"X-Tenant-ID": team.slug})
+    assert (status, reason) == (429, "Too Many Requests") and int(response_headers["retry-after"]) >= 1
