@@ -14,7 +14,8 @@ when it ends:
   off, the next requests wait instead. A request is admitted while the bucket is above zero.
 * ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens).
 
-Refusals carry the seconds after which a retry can succeed (``Retry-After``). Clock: the
+Refusals carry the seconds after which a retry can succeed (``Retry-After``), except that of a
+prompt larger than the token limit itself, which no retry can help. Clock: the
 scripts read Redis's ``TIME``, so all web processes share one clock.
 """
 from __future__ import annotations
@@ -127,12 +128,15 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admis
     """Admit a request of ``prompt_tokens`` against ``tenant``'s limits (None: the tenant has none).
 
     Raises:
-        TenantError: 429 ``rate_limit_exceeded`` (type ``requests`` or ``tokens``) with ``retry_after``.
+        TenantError: 429 ``rate_limit_exceeded`` (type ``requests`` or ``tokens``) with ``retry_after``;
+            without ``retry_after`` when the prompt alone is over ``tokens_per_minute`` or
+            ``daily_token_budget`` (no retry can succeed).
         redis.exceptions.RedisError: Redis is unreachable.
     """
     limits = tenant.limits
     if not limits.any:
         return None
+    _check_size(tenant.slug, limits, prompt_tokens)
     now = dt.datetime.now(dt.timezone.utc)
     day = _utc_day(now)
     verdict, wait = await _script(_ADMIT)(keys=list(_keys(tenant.id, day)), args=[
@@ -146,6 +150,16 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admis
         midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
         seconds = (midnight - now).total_seconds()
     raise _refusal(tenant.slug, limits, verdict, max(1, math.ceil(seconds)))
+
+
+def _check_size(slug: str, limits: Limits, prompt_tokens: int) -> None:
+    """Refuse a prompt larger than a token limit's whole capacity: it could never be admitted."""
+    for what, limit in (("tokens per min (TPM)", limits.tokens_per_minute),
+                        ("tokens per UTC day (daily budget)", limits.daily_token_budget)):
+        if limit and prompt_tokens > limit:
+            raise TenantError(f"Request too large for tenant '{slug}' on {what}: Limit {limit}, Requested "
+                              f"{prompt_tokens} (prompt tokens). The prompt must be shorter than the limit; "
+                              "retrying cannot help.", 429, "rate_limit_exceeded", type="tokens")
 
 
 def _refusal(slug: str, limits: Limits, verdict: str, retry_after: int) -> TenantError:

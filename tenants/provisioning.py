@@ -10,36 +10,35 @@ from django.db import transaction
 
 from .models import Tenant
 
-_SPEC = re.compile(r"^(?P<slug>[^=]+?)\s*(=\s*(?P<share>\d+(\.\d+)?)\s*%?)?$")
+_SPEC = re.compile(r"^(?P<slug>[^=]+?)\s*=\s*(?P<share>\d+(\.\d+)?)\s*%?$")
 
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """One ``--tenant-id`` value: the tenant's slug and, when given, its GPU share in percent."""
+    """One ``--tenant-id`` value: the tenant's slug and its GPU share in percent."""
 
     slug: str
-    gpu_share: int | None
+    gpu_share: int
 
 
 def parse_tenant_spec(text: str) -> TenantSpec:
-    """``team1=30%`` (or ``team1=30``, or ``team1`` to only make sure it exists).
+    """``team1=30%`` (or ``team1=30``), as the flag's help says.
 
     Raises:
-        ValueError: not that shape, a slug with other characters than letters, digits, ``-``
-            and ``_``, or a share that is not a whole number from 0 to 100.
+        ValueError: not that shape (a bare ``team1`` too: the share is required, 0% for none), a slug
+            with other characters than letters, digits, ``-`` and ``_``, or a share that is not a
+            whole number from 0 to 100.
     """
     match = _SPEC.match(text.strip())
     if not match:
-        raise ValueError(f"--tenant-id {text!r}: expected SLUG=SHARE%, e.g. team1=30%")
+        raise ValueError(f"--tenant-id {text!r}: expected SLUG=SHARE%, e.g. team1=30% (the GPU share is "
+                         "required; 0% for a tenant without a guaranteed share)")
     slug = match["slug"].strip()
     try:
         validate_slug(slug)
     except ValidationError:
         raise ValueError(f"--tenant-id {text!r}: the tenant id may contain only letters, digits, '-' and '_'") from None
-    share = match["share"]
-    if share is None:
-        return TenantSpec(slug, None)
-    value = float(share)
+    value = float(match["share"])
     if value != int(value) or not 0 <= value <= 100:
         raise ValueError(f"--tenant-id {text!r}: the GPU share must be a whole percentage from 0 to 100")
     return TenantSpec(slug, int(value))
@@ -49,7 +48,7 @@ def check_total(specs: list[TenantSpec]) -> None:
     """Raises ValueError when the active tenants' shares, with ``specs`` applied, exceed 100%."""
     shares = dict(Tenant.objects.filter(active=True).values_list("slug", "gpu_share"))
     for spec in specs:
-        shares[spec.slug] = spec.gpu_share if spec.gpu_share is not None else shares.get(spec.slug, 0)
+        shares[spec.slug] = spec.gpu_share
     total = sum(shares.values())
     if total > 100:
         listing = ", ".join(f"{slug} {share}%" for slug, share in sorted(shares.items()) if share)
@@ -70,8 +69,7 @@ def apply_tenant_specs(specs: list[TenantSpec]) -> list[Tenant]:
             # A new tenant starts active; an existing one keeps the admin's choice (a restart with the
             # same flags must not reactivate a tenant an operator switched off).
             tenant, _ = Tenant.objects.get_or_create(slug=spec.slug, defaults={"name": spec.slug, "active": True})
-            if spec.gpu_share is not None:
-                tenant.gpu_share = spec.gpu_share
+            tenant.gpu_share = spec.gpu_share
             tenant.save()
             tenants.append(tenant)
     return tenants

@@ -19,12 +19,14 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_application = get_asgi_application()  # sets Django up
 
 from webapp.handlers import http_application  # noqa: E402
+from webapp.status_phrases import install as install_status_phrases  # noqa: E402
 from webapp.ws_origin import SameOriginValidator  # noqa: E402
 
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 from webapp.api.tokenization import warm_up_tokenizers  # noqa: E402
 from tenants.shares import publish as publish_tenant_shares  # noqa: E402
 
+install_status_phrases()  # "429 Too Many Requests" on the status line, not "429 Unknown Status"
 warm_up_tokenizers()
 publish_tenant_shares()  # the workers' GPU shares, also when Redis started empty
 

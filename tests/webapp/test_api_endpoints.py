@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text
+from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text, sse_events
 
 
 def test_health_and_version(stack):
@@ -151,3 +151,31 @@ def test_echo_with_logprobs_and_prompt_logprobs(stack):
     status, _, body = http("POST", stack.base_url + "/v1/completions",
                            {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 1, "stream": True})
     assert status == 400 and json.loads(body)["error"]["param"] == "echo"
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_alone(stack):
+    """vLLM's scoring mode: ``echo`` and ``max_tokens: 0`` give the prompt (and its logprobs) with no
+    generated token; asking for ``min_tokens`` then is a 400."""
+    prompt = "The capital of France is Paris"
+    _, _, body = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": prompt})
+    prompt_ids = json.loads(body)["tokens"]
+    base = {"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True}
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "logprobs": 1})
+    assert status == 200, body
+    reply = json.loads(body)
+    choice = reply["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    assert reply["usage"]["completion_tokens"] == 0 and reply["usage"]["prompt_tokens"] == len(prompt_ids)
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(prompt_ids) and "".join(lp["tokens"]) == prompt
+    assert lp["token_logprobs"][0] is None and all(v <= 0 for v in lp["token_logprobs"][1:])
+    status, _, raw = http("POST", stack.base_url + "/v1/completions", {**base, "stream": True})
+    assert status == 200, raw
+    chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == prompt
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "min_tokens": 2})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "min_tokens", body
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "echo": False})
+    assert status == 400 and json.loads(body)["error"]["param"] == "max_tokens"  # without echo: at least 1

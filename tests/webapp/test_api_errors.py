@@ -50,6 +50,25 @@ def test_errors_name_the_field_the_client_sent(stack, extra, field):
     assert error["param"] == field and field in error["message"], error
 
 
+@pytest.mark.parametrize("path, raw, field", [
+    ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", b'{"prompt": ["ok", "a\\udfffb"], "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}], "max_tokens": 1}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\udc00"]}', "stop"),
+    ("/tokenize", b'{"prompt": "Hi \\ud800"}', "prompt"),
+])
+def test_lone_surrogates_are_a_400_naming_the_field(stack, path, raw, field):
+    """JSON allows ``"\\ud800"``, but a lone surrogate is no character: a 400, not a 500."""
+    error = _error(http("POST", stack.base_url + path, raw), 400)
+    assert error["param"] == field and "surrogate" in error["message"], error
+
+
+def test_surrogate_pairs_are_text(stack):
+    body = b'{"prompt": "\\ud83d\\ude00", "max_tokens": 1}'  # one emoji, written as a pair of escapes
+    status, _, raw = http("POST", stack.base_url + "/v1/completions", body)
+    assert status == 200, raw
+
+
 def test_unknown_chat_role_is_refused(stack):
     body = {"model": MODEL, "messages": [{"role": "wizard", "content": "Hi"}]}
     error = _error(http("POST", stack.base_url + "/v1/chat/completions", body), 400)

@@ -56,7 +56,56 @@ def test_every_stream_ends_with_done_and_usage_chunk(stack):
         assert events[-1] == "[DONE]"
         usage_chunk = json.loads(events[-2])
         assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 8
+        assert isinstance(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"], int)
         assert all(json.loads(e)["usage"] is None for e in events[:-2])
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": CHAT}),
+                                        ("/v1/completions", {"prompt": "Hi", "echo": True})])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(stack, path, body):
+    status, _, raw = http("POST", stack.base_url + path, dict(
+        body, model=MODEL, max_tokens=5, ignore_eos=True, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert status == 200, raw
+    chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+    final = chunks.pop()
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 5
+    prompt_tokens = final["usage"]["prompt_tokens"]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    # the role (echo) chunk first; then the tokens, several to a chunk when a worker message carries several
+    assert len(chunks) >= 2 and counts[0] == 0 and counts[-1] == 5 and counts == sorted(counts)
+    for c in chunks:
+        assert c["usage"]["prompt_tokens"] == prompt_tokens
+        assert c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"]
+
+
+def test_usage_always_reports_cached_prompt_tokens(stack):
+    """``prompt_tokens_details.cached_tokens`` is there without a prefix-cache hit too (0; the test
+    worker runs without prefix caching), in streamed final usage as well, as OpenAI sends it."""
+    client = stack.openai()
+    for reply in (client.completions.create(model=MODEL, prompt="Hi", max_tokens=1),
+                  client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1),
+                  list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, stream=True,
+                                                 stream_options={"include_usage": True}))[-1]):
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0, reply.usage
+
+
+def test_completions_max_tokens_defaults_to_16_and_null_fills_the_context(stack):
+    client = stack.openai()
+    reply = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 16 and reply.choices[0].finish_reason == "length"
+    long_prompt = [28] * 2040  # 8 tokens short of max_model_len 2048
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": long_prompt, "max_tokens": None, "ignore_eos": True})
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": long_prompt})
+    error = json.loads(body)["error"]  # the default 16 does not fit after 2040 prompt tokens
+    assert status == 400 and error["param"] == "max_tokens" and "2056" in error["message"]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi " * 1960}],
+                                          extra_body={"ignore_eos": True})  # chat: no default, up to the context
+    assert chat.usage.completion_tokens == 2048 - chat.usage.prompt_tokens > 16
+    assert chat.choices[0].finish_reason == "length"
 
 
 def test_n_samples_and_seed(stack):
@@ -99,6 +148,26 @@ def test_completion_logprobs_shape(stack):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
     assert "".join(lp.tokens) == reply.choices[0].text
     assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+def test_completion_top_logprobs_add_the_sampled_token(stack):
+    """vLLM's legacy ``top_logprobs``: the ``logprobs`` most likely tokens and the sampled one when it is
+    not among them; ``logprobs=0``: the sampled token alone."""
+    client = stack.openai()
+    kwargs = dict(model=MODEL, prompt="My favourite word is", max_tokens=24, temperature=1.5, seed=11)
+    for top_n in (0, 2):
+        lp = client.completions.create(logprobs=top_n, **kwargs).choices[0].logprobs
+        assert len(lp.top_logprobs) == len(lp.tokens) == 24
+        sizes = []
+        for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert abs(top[token] - logprob) < 1e-4, (token, top)
+            if len(top) == top_n + 1:  # the sampled token beyond the top ones: the least likely of them
+                assert logprob == min(top.values())
+            sizes.append(len(top))
+        if top_n == 0:
+            assert set(sizes) == {1}
+        else:  # temperature 1.5 samples some tokens outside the top 2 (precondition of the check above)
+            assert set(sizes) <= {2, 3} and 3 in sizes, sizes
 
 
 def test_max_completion_tokens_and_vllm_extras(stack):

@@ -161,6 +161,11 @@ def test_create_api_key_command_prints_the_secret_once(tenant_web, orm, stack):
     failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "no-such-team"],
                             env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
     assert failed.returncode != 0 and "--create-tenant" in failed.stderr
+    for slug, problem in (("bad slug!", "valid “slug”"), ("x" * 65, "at most 64 characters")):
+        failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", slug, "--create-tenant"],
+                                env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
+        assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
+        assert f"Cannot create tenant '{slug}'" in failed.stderr and problem in failed.stderr, failed.stderr
 
 
 def test_no_secret_in_the_database_or_logs(tenant_web, orm, stack):

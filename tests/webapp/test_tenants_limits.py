@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import json
 import time
+from http.client import HTTPConnection
 
 import openai
 import pytest
 
-from tests.webapp.serving_stack import MODEL
+from tests.webapp.serving_stack import MODEL, http
 from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
     HeldStream, completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage, web)
 
@@ -116,3 +118,48 @@ def test_daily_budget_refuses_until_midnight_utc(tenant_web):
     midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     assert abs(seconds - (midnight - now).total_seconds()) < 30
     assert "daily budget" in result[2]["error"]["message"]
+
+
+def _post(base_url: str, path: str, body: dict, headers: dict[str, str]) -> tuple[int, str, dict[str, str], dict]:
+    """POST over http.client: (status, reason phrase of the status line, headers lower-cased, JSON body)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **headers})
+        response = conn.getresponse()
+        return (response.status, response.reason, {k.lower(): v for k, v in response.getheaders()},
+                json.loads(response.read()))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("limit, what", [("tokens_per_minute", "tokens per min (TPM)"),
+                                         ("daily_token_budget", "tokens per UTC day (daily budget)")])
+def test_a_prompt_larger_than_a_token_limit_is_refused_without_retry_after(tenant_web, limit, what):
+    """No retry can serve a prompt larger than the limit itself: a 429 that says so, without
+    Retry-After, and the limit is left untouched for the next request."""
+    team = make_tenant(**{limit: 10})
+    headers = {"X-Tenant-ID": team.slug}
+    prompt = "hello " * 30
+    _, _, raw = http("POST", tenant_web.base_url + "/tokenize", {"model": MODEL, "prompt": prompt})
+    prompt_tokens = json.loads(raw)["count"]
+    status, reason, response_headers, body = _post(tenant_web.base_url, "/v1/completions",
+                                                   {"model": MODEL, "prompt": prompt, "max_tokens": 1}, headers)
+    assert status == 429 and reason == "Too Many Requests", (status, reason, body)
+    error = body["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens", error
+    assert "too large" in error["message"] and what in error["message"], error
+    assert f"Limit 10, Requested {prompt_tokens}" in error["message"], error
+    assert "retry-after" not in response_headers
+    assert completion(tenant_web.base_url, headers, prompt="Hi", max_tokens=1)[0] == 200
+    assert wait_usage(team, 2)["errors_rate_limited"] == 1
+
+
+def test_rate_limit_status_line_says_too_many_requests(tenant_web):
+    """The status line's reason phrase is the standard one (it was "429 Unknown Status")."""
+    team = make_tenant(requests_per_minute=1)
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    assert _post(tenant_web.base_url, "/v1/completions", body, {"X-Tenant-ID": team.slug})[0] == 200
+    status, reason, response_headers, _ = _post(tenant_web.base_url, "/v1/completions", body,
+                                                {"X-Tenant-ID": team.slug})
+    assert (status, reason) == (429, "Too Many Requests") and int(response_headers["retry-after"]) >= 1

@@ -22,6 +22,11 @@ def _split(position: Position, token_id: int, top_n: int) -> tuple[list, list[li
     return chosen, top
 
 
+def _with_sampled(chosen: list, top: list[list]) -> list[list]:
+    """``top`` plus the sampled token's entry when it is not among them (last: its rank is lower)."""
+    return top if any(e[0] == chosen[0] for e in top) else [*top, chosen]
+
+
 def _logprob(value: float) -> float:
     return max(value, -9999.0)  # JSON has no -inf
 
@@ -45,7 +50,11 @@ def chat_logprobs(positions: list[Position] | None, token_ids: list[int], top_n:
 def completion_logprobs(positions: list[Position] | None, token_ids: list[int], top_n: int,
                         text_offset: int) -> dict | None:
     """Legacy completions ``logprobs``: parallel arrays ``tokens``, ``token_logprobs``,
-    ``top_logprobs`` (token -> logprob) and ``text_offset`` (characters from the start)."""
+    ``top_logprobs`` (token -> logprob) and ``text_offset`` (characters from the start).
+
+    Each ``top_logprobs`` entry holds the ``top_n`` most likely tokens plus the sampled one when it
+    is not among them (``top_n + 1`` at most; ``top_n = 0``: the sampled token alone), as vLLM does.
+    """
     if positions is None:
         return None
     tokens, token_logprobs, tops, offsets = [], [], [], []
@@ -54,7 +63,7 @@ def completion_logprobs(positions: list[Position] | None, token_ids: list[int], 
         text = _token_text(chosen)
         tokens.append(text)
         token_logprobs.append(_logprob(chosen[1]))
-        tops.append({_token_text(e): _logprob(e[1]) for e in top} if top_n else None)
+        tops.append({_token_text(e): _logprob(e[1]) for e in _with_sampled(chosen, top)})
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
@@ -88,11 +97,11 @@ def vllm_prompt_logprobs(prompt_positions: list[Position | None] | None) -> list
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
+    """OpenAI's ``usage`` object; ``prompt_tokens_details.cached_tokens`` (prompt tokens served from
+    the prefix cache) is always there, 0 without a hit, as OpenAI sends it."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

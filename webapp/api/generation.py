@@ -79,7 +79,7 @@ class Generation:
         self.want_logprobs = options.sampling.get("logprobs") is not None
         self.choices = {p * self.n + i: ChoiceState(p * self.n + i, p)
                         for p in range(len(prompts)) for i in range(self.n)}
-        self.cached_tokens = 0
+        self._cached_tokens: dict[int, int] = {}  # prompt index -> its prompt tokens from the prefix cache
         self.stream: GenerationStream | None = None
         self._prompts_run: set[int] = set()  # prompts the engine has produced something for
         self._prompt_logprobs: dict[int, list] = {}  # prompt index -> its prompt logprobs (wire format)
@@ -220,7 +220,7 @@ class Generation:
         chunk = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
                  "choices": [choice]}
         if self.options.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = self._choice_usage(c) if self.options.continuous_usage else None
         return chunk
 
     def _delta_chunk(self, c: ChoiceState, new_text: str) -> dict[str, Any] | None:
@@ -267,10 +267,12 @@ class Generation:
         self._prompts_run.add(prompt_index)
         if message.get("prompt_logprobs") is not None:
             self._prompt_logprobs[prompt_index] = message["prompt_logprobs"]
-        if message.get("finished"):
-            self.cached_tokens += message.get("num_cached_tokens", 0)
+        self._cached_tokens[prompt_index] = message.get("num_cached_tokens", 0)  # the last message's is final
         for out in message["outputs"]:
             c = self.choices[prompt_index * self.n + out["index"]]
+            if self.options.echo_only:  # the one token the engine ran is not the client's
+                out = dict(out, text="", token_ids=[], logprobs=None,
+                           finish_reason="length" if out["finish_reason"] is not None else None, stop_reason=None)
             c.text += out["text"]
             c.num_tokens += len(out["token_ids"])
             c.pending_ids.extend(out["token_ids"])
@@ -283,7 +285,13 @@ class Generation:
     def _usage(self) -> dict[str, Any]:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
-        return formatting.usage(prompt_tokens, completion_tokens, self.cached_tokens)
+        return formatting.usage(prompt_tokens, completion_tokens, sum(self._cached_tokens.values()))
+
+    def _choice_usage(self, c: ChoiceState) -> dict[str, Any]:
+        """Usage so far of one choice (its prompt's tokens and its own), for ``continuous_usage_stats``
+        chunks, as vLLM counts them."""
+        return formatting.usage(len(self.prompts[c.prompt_index].token_ids), c.num_tokens,
+                                self._cached_tokens.get(c.prompt_index, 0))
 
 
 def _kind_of(error: BaseException) -> str:

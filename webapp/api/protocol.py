@@ -6,6 +6,7 @@ too. Every type error is a 400 naming the field (``param``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,8 @@ from .errors import APIError, bad_request
 _MISSING = object()
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
-
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's and vLLM's default)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs the valid ones into one character
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -35,7 +37,35 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("The request body nests JSON arrays or objects too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    if b"\\u" in (raw or b""):  # only an escape can make a lone surrogate: valid UTF-8 never holds one
+        _reject_lone_surrogates(body)
     return body
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """Where in ``value`` a string (or object key) holds a lone UTF-16 surrogate, e.g. ``messages[0].content``."""
+    if isinstance(value, str):
+        return path if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, list):
+        return next((p for i, v in enumerate(value) if (p := _surrogate_path(v, f"{path}[{i}]"))), None)
+    if isinstance(value, dict):
+        for key, v in value.items():
+            where = f"{path}.{key}" if path else key
+            found = _surrogate_path(key, where) or _surrogate_path(v, where)
+            if found is not None:
+                return found
+    return None
+
+
+def _reject_lone_surrogates(body: dict[str, Any]) -> None:
+    """Raises APIError (400, ``param``: the top-level field) when a string holds a lone surrogate
+    (``"\\ud800"``): JSON allows the escape, but it is no Unicode character and cannot be tokenized."""
+    where = _surrogate_path(body, "")
+    if where is not None:
+        where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold the surrogate itself
+        field_name = where.split(".", 1)[0].split("[", 1)[0]
+        raise bad_request(f"'{where}' contains a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not "
+                          "a Unicode character; send valid text (surrogates only as pairs).", param=field_name)
 
 
 class Body:
@@ -103,10 +133,14 @@ class GenerationOptions:
         model: the requested model name ("" for the default).
         stream: answer with server-sent events.
         include_usage: add a final usage chunk to the stream.
+        continuous_usage: with ``include_usage``, every chunk carries the usage so far too
+            (vLLM's ``stream_options.continuous_usage_stats``).
         sampling: keyword arguments of ``SamplingParams`` (``max_tokens`` None = fill the context).
         echo: completions only: prepend the prompt to the output.
         echo_logprobs: completions only, with ``echo`` and ``logprobs``: the prompt's tokens lead the
             legacy ``logprobs`` arrays (the first with ``null`` logprobs), as vLLM and OpenAI do.
+        echo_only: completions only, ``echo`` with ``max_tokens: 0``: answer the prompt (and its
+            logprobs) alone, no generated token; the engine runs one token, which is dropped.
         priority: vLLM's scheduling priority (lower runs earlier); the engine refuses values other
             than 0 unless it runs the ``priority`` scheduling policy.
     """
@@ -117,6 +151,8 @@ class GenerationOptions:
     sampling: dict[str, Any] = field(default_factory=dict)
     echo: bool = False
     echo_logprobs: bool = False
+    echo_only: bool = False
+    continuous_usage: bool = False
     priority: int = 0
     # engine parameter name -> the body field the client sent it as (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
@@ -155,7 +191,9 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     stream_options = body.get("stream_options", dict, None)
     if stream_options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
-    include_usage = bool(Body(stream_options or {}, "stream_options.").get("include_usage", bool, False))
+    stream_options = Body(stream_options or {}, "stream_options.")
+    include_usage = bool(stream_options.get("include_usage", bool, False))
+    continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats", bool, False))
     max_tokens = body.get("max_tokens", int, None)
     field_names = {}
     if chat and body.get("max_completion_tokens", int, None) is not None:
@@ -195,7 +233,8 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if sampling["top_k"] == 0:
         sampling["top_k"] = -1
     return GenerationOptions(model=body.get("model", str, ""), stream=stream, include_usage=include_usage,
-                             sampling=sampling, priority=body.get("priority", int, 0), field_names=field_names)
+                             continuous_usage=continuous_usage, sampling=sampling,
+                             priority=body.get("priority", int, 0), field_names=field_names)
 
 
 def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dict[str, Any]]:
@@ -234,6 +273,8 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         APIError: 400 for a missing or malformed prompt or field.
     """
     options = parse_common(body, chat=False)
+    if "max_tokens" not in body.data:  # absent: OpenAI's and vLLM's default; null: fill the context
+        options.sampling["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     prompt = body.data.get("prompt")
     if isinstance(prompt, str):
         prompts: list = [prompt]
@@ -248,6 +289,8 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         raise bad_request("'suffix' is not supported.", param="suffix")
     options.sampling["logprobs"] = body.get("logprobs", int, None)
     options.echo = body.get("echo", bool, False)
+    if options.echo and options.sampling["max_tokens"] == 0:
+        _echo_only(options)
     if options.echo and options.sampling["logprobs"] is not None:  # the prompt's logprobs come first
         if options.stream:
             raise bad_request("'echo' with 'logprobs' and 'stream' is not supported yet.", param="echo")
@@ -255,3 +298,16 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         options.sampling["prompt_logprobs"] = max(options.sampling["logprobs"],
                                                   options.sampling["prompt_logprobs"] or 0)
     return options, prompts
+
+
+def _echo_only(options: GenerationOptions) -> None:
+    """``echo`` with ``max_tokens: 0`` (vLLM allows it, for scoring a text): the prompt alone.
+
+    Raises:
+        APIError: 400 naming ``min_tokens`` when it asks for generated tokens all the same.
+    """
+    if options.sampling["min_tokens"] > 0:
+        raise bad_request(f"'min_tokens' ({options.sampling['min_tokens']}) must be 0 with 'echo' and "
+                          "'max_tokens' 0: no token is generated.", param="min_tokens")
+    options.echo_only = True
+    options.sampling["max_tokens"] = 1  # the engine runs at least one token; it is not returned

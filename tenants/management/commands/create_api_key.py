@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
@@ -26,8 +27,12 @@ class Command(BaseCommand):
         if tenant is None:
             if not options["create_tenant"]:
                 raise CommandError(f"No tenant '{slug}' (add --create-tenant to create it).")
-            tenant = Tenant(slug=slug, name=slug)
-            tenant.full_clean()
+            tenant = Tenant(slug=slug, name=slug[:Tenant._meta.get_field("name").max_length])
+            try:
+                tenant.full_clean()
+            except ValidationError as error:
+                problems = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in error.message_dict.items())
+                raise CommandError(f"Cannot create tenant '{slug}': {problems}") from None
             tenant.save()
         days = options["expires_in_days"]
         if days is not None and days <= 0:
