@@ -134,7 +134,7 @@ def test_load_serve_and_unload_through_the_admin(idle):
                            {"model": NAME, "prompt": "Count:", "max_tokens": 5, "ignore_eos": True},
                            headers={"X-Tenant-ID": "default"})
     reply = json.loads(body)
-    assert status == 200 and reply["model"] == NAME and reply["usage"]["completion_tokens"] == 5
+    assert status == 200 and reply["model"] == NAME and reply["usage"]["completion_tokens"] == 5, reply
     prompt_tokens = reply["usage"]["prompt_tokens"]
     label = f'model_name="{NAME}"'
     success = f'vllm:request_success_total{{finished_reason="length",{label}}}'

@@ -92,7 +92,7 @@ class Generation:
                 ``max_tokens`` do not fit the context, or a parameter is out of range.
             TenantError: 429 when the tenant is over a limit.
         """
-        workers = await model_workers(self.model)
+        workers = await model_workers(self.model, stale=0)
         if not workers:
             raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
         max_model_len = min(int(w["max_model_len"]) for w in workers)

@@ -274,12 +274,13 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()  # a failed background read is reported to the next caller that waits
 
 
-async def _heartbeating_workers(model: str) -> list[dict[str, Any]]:
+async def _heartbeating_workers(model: str, stale: float = WORKERS_STALE) -> list[dict[str, Any]]:
     """Workers of ``model`` with a fresh heartbeat, admitting requests or shutting down.
 
     Read from Redis at most every ``WORKERS_FRESH`` seconds per process (concurrent callers
     share one read); a read up to ``WORKERS_STALE`` seconds old answers at once while the next
-    one runs in the background, so a request rarely waits for Redis here.
+    one runs in the background, so a request rarely waits for Redis here; unless it found no
+    worker, which is answered fresh. ``stale``: the age up to which a read answers at once.
 
     Raises:
         RedisError: Redis could not be read and no recent enough answer is at hand.
@@ -289,16 +290,19 @@ async def _heartbeating_workers(model: str) -> list[dict[str, Any]]:
     if age > WORKERS_FRESH and entry.reading is None:
         entry.reading = asyncio.ensure_future(_read_live_workers(entry, model))
         entry.reading.add_done_callback(_retrieve)
-    if age > WORKERS_STALE:
+    # A stale empty answer is not given: it would turn into a 503 just after a worker became ready.
+    if age > max(stale, WORKERS_FRESH) or (age > WORKERS_FRESH and not entry.workers):
         await asyncio.shield(entry.reading)
     return entry.workers
 
 
-async def model_workers(model: str) -> list[dict[str, Any]]:
+async def model_workers(model: str, stale: float = WORKERS_STALE) -> list[dict[str, Any]]:
     """Live workers of ``model`` that admit requests (not shutting down); see
-    :func:`_heartbeating_workers` for how fresh the answer is.
+    :func:`_heartbeating_workers` for how fresh the answer is (``stale=0``: at most
+    ``WORKERS_FRESH`` seconds old, as a new request wants it: a worker unloaded a moment ago must
+    not take it, or it waits for a worker of the model to come back).
 
     Raises:
         RedisError: Redis could not be read and no recent enough answer is at hand.
     """
-    return [w for w in await _heartbeating_workers(model) if w.get("live")]
+    return [w for w in await _heartbeating_workers(model, stale) if w.get("live")]
