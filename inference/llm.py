@@ -11,7 +11,7 @@ from .engine import EngineArgs, LLMEngine
 from .errors import InvalidRequestError
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
-from .validation import normalize_chat_messages
+from .validation import normalize_chat_messages, validate_text
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class LLM:
                                       param="chat_template")
         prompts = [tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                  chat_template=chat_template) for conv in conversations]
+        for prompt in prompts:
+            validate_text(prompt, "messages")
         token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         ids = self._add_all(token_ids, [sampling_params or SamplingParams()] * len(token_ids), texts=prompts)
         return self._run(ids, use_tqdm and len(ids) > 1)

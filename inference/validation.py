@@ -5,6 +5,19 @@ from .errors import InvalidRequestError
 from .sampling_params import SamplingParams
 
 
+def validate_text(text: str, param: str) -> None:
+    """Refuse text a tokenizer cannot take: a lone UTF-16 surrogate (``"\\ud800"``) is not UTF-8.
+
+    Raises:
+        InvalidRequestError (param ``param``): naming the position of the first one.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidRequestError(f"{param} holds a lone UTF-16 surrogate at character {error.start}; it is not "
+                                  "valid Unicode text.", param=param) from None
+
+
 def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int,
                     vocab_size: int | None = None) -> int:
     """Check a tokenized prompt against the context limit and return its ``max_tokens``.

@@ -22,7 +22,7 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..request import Request, RequestStatus
 from ..runner import ModelRunner
 from ..sampling_params import SamplingParams
-from ..validation import validate_priority, validate_prompt
+from ..validation import validate_priority, validate_prompt, validate_text
 from .arg_utils import EngineArgs
 from .iteration_stats import IterationTokens
 
@@ -151,6 +151,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
         validate_priority(priority, self.config.scheduler.scheduling_policy)
         if isinstance(prompt, str):
+            validate_text(prompt, "prompt")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = prompt_text, [int(t) for t in prompt]

@@ -188,7 +188,9 @@ def test_library_prompts_of_every_documented_form_and_wrong_ones():
                         (lambda: llm.generate({"prompt_token_ids": [10**6]}, greedy), "prompt"),
                         (lambda: llm.chat([{"role": "wizard", "content": "hi"}]), "messages"),
                         (lambda: llm.chat([{"role": "user"}]), "messages"),
-                        (lambda: llm.chat("hi"), "messages")):
+                        (lambda: llm.chat("hi"), "messages"),
+                        (lambda: llm.generate("a\ud800", greedy), "prompt"),  # a lone surrogate is not text
+                        (lambda: llm.chat([{"role": "user", "content": "a\ud800"}], greedy), "messages")):
         with pytest.raises(InvalidRequestError) as info:
             call()
         assert info.value.param == param, info.value

@@ -122,6 +122,19 @@ def test_prompt_plus_max_tokens_beyond_context_names_both_numbers(stack):
     assert "2048" in error["message"] and "2000" in error["message"] and error["param"] == "max_tokens"
     error = _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": "hi " * 3000}), 400)
     assert "2048" in error["message"]
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions",  # chat has no "prompt" field
+                        {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 3000}]}), 400)
+    assert "2048" in error["message"] and error["param"] == "messages", error
+
+
+@pytest.mark.parametrize("path, extra, field", [
+    ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {"messages": CHAT, "use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo"),
+])
+def test_unsupported_options_are_refused_not_ignored(stack, path, extra, field):
+    error = _error(http("POST", stack.base_url + path, {"model": MODEL, "max_tokens": 2, **extra}), 400)
+    assert error["param"] == field and "not supported" in error["message"], error
 
 
 def test_stream_options_without_stream(stack):

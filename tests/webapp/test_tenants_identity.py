@@ -166,6 +166,12 @@ def test_create_api_key_command_prints_the_secret_once(tenant_web, orm, stack):
                                 env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
         assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
         assert f"Cannot create tenant '{slug}'" in failed.stderr and problem in failed.stderr, failed.stderr
+    failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "late-team", "--create-tenant",
+                             "--expires-in-days", "0"], env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
+    assert failed.returncode != 0 and "--expires-in-days must be positive" in failed.stderr
+    from tenants.models import Tenant
+
+    assert not Tenant.objects.filter(slug="late-team").exists()  # refused before anything was created
 
 
 def test_no_secret_in_the_database_or_logs(tenant_web, orm, stack):

@@ -175,7 +175,9 @@ class GenerationOptions:
         """The engine's error as a 400, naming the body field the client sent (``max_completion_tokens``
         rather than ``max_tokens``, say)."""
         sent_as = self.field_names.get(error.param or "")
-        if sent_as:
+        if sent_as == "messages":  # chat: "The prompt has N tokens" stays true of the rendered conversation
+            error = InvalidRequestError(str(error), param=sent_as)
+        elif sent_as:
             error = InvalidRequestError(str(error).replace(error.param, sent_as), param=sent_as)
         return APIError.from_engine(error)
 
@@ -202,6 +204,10 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     for name in ("tools", "functions"):
         if body.get(name, list, None):
             raise bad_request(f"'{name}' (tool calling) is not supported yet.", param=name)
+    if body.get("use_beam_search", bool, False):  # vLLM's extra: refused, not sampled instead
+        raise bad_request("'use_beam_search' (beam search) is not supported yet.", param="use_beam_search")
+    if chat and body.get("echo", bool, False):  # vLLM's chat extra (prepend the last message)
+        raise bad_request("'echo' is not supported on chat completions yet.", param="echo")
     response_format = body.get("response_format", dict, None)
     if response_format and response_format.get("type", "text") != "text":
         raise bad_request("'response_format' other than text (structured output) is not supported yet.",
@@ -258,6 +264,7 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     options.sampling["logprobs"] = (top_logprobs or 0) if logprobs else None
     if top_logprobs is not None:
         options.field_names["logprobs"] = "top_logprobs"
+    options.field_names["prompt"] = "messages"  # the prompt is the rendered conversation
     template = {
         "add_generation_prompt": body.get("add_generation_prompt", bool, True),
         "continue_final_message": body.get("continue_final_message", bool, False),

@@ -122,12 +122,12 @@ async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
         template["continue_final_message"] = body.get("continue_final_message", bool, False)
         template["chat_template_kwargs"] = body.get("chat_template_kwargs", dict, None)
         text = tokenizer.apply_chat_template(messages, **template)
-        tokens = tokenizer.encode(text, add_special_tokens=body.get("add_special_tokens", bool, False))
+        tokens = await _encode(tokenizer, text, add_special_tokens=body.get("add_special_tokens", bool, False))
     else:
         prompt = body.get("prompt", str, None)
         if prompt is None:
             raise APIError("'prompt' (a string) or 'messages' is required.", 400, param="prompt")
-        tokens = tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", bool, True))
+        tokens = await _encode(tokenizer, prompt, add_special_tokens=body.get("add_special_tokens", bool, True))
     workers = await model_workers(served.name)
     result = {"count": len(tokens), "max_model_len": min((w["max_model_len"] for w in workers), default=None),
               "tokens": tokens, "token_strs": None}

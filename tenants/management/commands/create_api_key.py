@@ -23,6 +23,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         slug = options["tenant"]
+        days = options["expires_in_days"]
+        if days is not None and days <= 0:  # checked before anything is created
+            raise CommandError("--expires-in-days must be positive.")
         tenant = Tenant.objects.filter(slug=slug).first()
         if tenant is None:
             if not options["create_tenant"]:
@@ -34,9 +37,6 @@ class Command(BaseCommand):
                 problems = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in error.message_dict.items())
                 raise CommandError(f"Cannot create tenant '{slug}': {problems}") from None
             tenant.save()
-        days = options["expires_in_days"]
-        if days is not None and days <= 0:
-            raise CommandError("--expires-in-days must be positive.")
         expires = timezone.now() + dt.timedelta(days=days) if days is not None else None
         key, secret = ApiKey.issue(tenant, options["name"], expires)
         self.stderr.write(f"API key {key.prefix}… for tenant '{tenant.slug}'"
