@@ -71,18 +71,8 @@ def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.c
 @triton.jit
 def _x_chunk(x_ptr, perm_ptr, t, i: tl.constexpr, offs_r, offs_m, mask_m, stride_xm, last, K,
              HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
-    # x^T chunk [16, BLOCK_M]: input rows 128t + 16i .. 128t + 16i + 15; zeros past the split's last tile and K
-    offs_k = t * 128 + i * 16 + offs_r
-    in_range = (offs_k < K) & (t < last)
-    if HAS_PERM:
-        cols = tl.load(perm_ptr + offs_k, mask=in_range, other=0)
-    else:
-        cols = offs_k
-    if EVEN_K:
-        mask = mask_m[None, :] & (t < last)
-    else:
-        mask = mask_m[None, :] & in_range[:, None]
-    return tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + cols[:, None], mask=mask, other=0.0)
+    # x^T chunk [16, BLOCK_M]: input rows 128t + 16i .. 128t + 16i + 15 (see _x_tile)
+    return _x_tile(x_ptr, perm_ptr, t, i * 16 + offs_r, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
 
 
 @triton.jit
