@@ -30,6 +30,17 @@ def _wait_idle(stack, timeout: float) -> dict:
         time.sleep(0.05)
 
 
+def _wait_running(stack, timeout: float) -> dict:
+    """Stats once the worker's heartbeat shows the request running (heartbeats lag up to 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = _stats(stack)
+        if stats["num_running"] >= 1:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_aborts_and_frees_blocks(stack, stream):
     before = _wait_idle(stack, 10)
@@ -37,18 +48,14 @@ def test_disconnect_aborts_and_frees_blocks(stack, stream):
     async def run() -> None:
         reader, writer, status = await open_stream(stack.base_url, "/v1/completions", dict(LONG, stream=stream),
                                                   read_head=stream)
-        if stream:
-            assert status == 200
-            assert len(await read_events(reader, limit=5)) == 5
-        else:  # the answer is still being generated: leave in the middle
-            deadline = time.monotonic() + 20
-            while _stats(stack)["num_running"] == 0:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
-        stats = _stats(stack)
-        assert stats["num_running"] == 1 and stats["num_free_blocks"] < stats["num_total_blocks"]
-        writer.transport.abort()  # drop the connection, as a client that goes away does
+        try:
+            if stream:
+                assert status == 200
+                assert len(await read_events(reader, limit=5)) == 5
+            stats = await asyncio.to_thread(_wait_running, stack, 20)
+            assert stats["num_running"] == 1 and stats["num_free_blocks"] < stats["num_total_blocks"]
+        finally:
+            writer.transport.abort()  # drop the connection, as a client that goes away does
 
     asyncio.run(run())
     after = _wait_idle(stack, 3)  # heartbeats are 0.5 s apart; the abort itself takes one step
@@ -78,10 +85,12 @@ def test_disconnect_during_prefill_before_the_first_chunk(stack):
     async def run() -> None:
         known = set(stack.redis.keys("tessera:claim:*"))
         reader, writer, _ = await open_stream(stack.base_url, "/v1/completions", body, read_head=False)
-        await asyncio.to_thread(_new_claim, stack, known)  # in the engine now, prefilling
-        with pytest.raises(TimeoutError):  # nothing sent yet, not even the headers
-            await asyncio.wait_for(reader.read(1), 0.01)
-        writer.transport.abort()
+        try:
+            await asyncio.to_thread(_new_claim, stack, known)  # in the engine now, prefilling
+            with pytest.raises(TimeoutError):  # nothing sent yet, not even the headers
+                await asyncio.wait_for(reader.read(1), 0.01)
+        finally:
+            writer.transport.abort()
 
     asyncio.run(run())
     after = _wait_idle(stack, 10)  # the abort lands after the prefill step
