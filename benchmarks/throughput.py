@@ -74,12 +74,15 @@ def make_llm(args, num_scheduler_steps: int = 1) -> LLM:
 
 
 def warm_up(llm, prompts, count: int = 16) -> None:
-    """Generate 2 tokens for the first ``count`` prompts (a full prefill chunk of W1's 1,024-token
-    prompts), so that the kernels of full-size prefill steps are compiled before the clock starts.
-    With 2 prompts, W1 with FP8 run first in a device call gave a median TTFT of 3.35 s, against 2.19 s
-    run after bf16 in another call (session 9): likely compiled inside the timed prefill."""
-    llm.generate(prompt_token_ids=prompts[:count], sampling_params=SamplingParams(max_tokens=2, ignore_eos=True),
-                 use_tqdm=False)
+    """Generate 2 tokens for the first ``2 * count + 1`` prompts, so that every kernel variant of the timed
+    run is compiled before the clock starts: a full prefill chunk (W1: 16 prompts of 1,024 tokens), the
+    decode step, and a chunk that mixes decode with prefills, one of them cut at the token budget and
+    finished in the next step (the prefill kernel's cached-context variant). With 16 prompts (one full
+    chunk) W1 with FP8 run first in a device call still had a median TTFT of 3.2-3.4 s, against 2.19 s
+    when run after another run had filled Triton's cache (session 9): W1's own first mixed step cuts a prompt.
+    """
+    llm.generate(prompt_token_ids=prompts[:2 * count + 1], use_tqdm=False,
+                 sampling_params=SamplingParams(max_tokens=2, ignore_eos=True))
 
 
 def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
@@ -231,11 +234,16 @@ def main() -> None:
                         help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
                         help="override the decode attention's KV-split target (triton_decode.PROGRAMS_PER_SM)")
+    parser.add_argument("--fp8-swapped-gemm-max-rows", type=int, default=None,
+                        help="override fp8.SWAPPED_GEMM_MAX_ROWS (FP8 GEMMs of up to this many rows run as W @ x^T)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
+    if args.fp8_swapped_gemm_max_rows is not None:
+        from inference.quantization import fp8
+        fp8.SWAPPED_GEMM_MAX_ROWS = args.fp8_swapped_gemm_max_rows
 
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size

@@ -1,0 +1,92 @@
+"""Which operand order makes ``torch._scaled_mm`` (cuBLASLt FP8, row-wise scales) fastest for each linear
+shape and row count: the engine's ``x_fp8 [T, K] @ W^T`` against the swapped ``W [N, K] @ x_fp8^T``, whose
+output ``[N, T]`` is transposed back (timed as a view, and with the copy that makes it row-major), beside
+bf16 ``F.linear`` (cuBLAS). Decode at batch 256 put FP8's GEMMs at about 2 TB/s of weights against bf16's
+2.8 TB/s (``kernel_profile_w1_bf16_fp8_h200_session7.json``); with T the short side, the swapped order puts
+the token dimension in cuBLAS's N tile, so that one tile column may read each weight once.
+
+Each case is checked against the float32 emulation of both quantized operands (``rel_err``), and timed
+as ``quant_kernels.py`` does: CUDA graph replay over enough weight copies that L2 cannot hold them.
+The per-token activation quantization is done once, outside the timing (the same for both orders).
+
+    python benchmarks/fp8_gemm_layouts.py --model .gpucache/qwen2.5-7b --output-json OUT.json  # H200
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_kernels import ROTATE_BYTES, _graph_ms, _rel_err, linear_shapes, model_config  # noqa: E402
+
+from inference.quantization.fp8 import quantize_fp8_rowwise  # noqa: E402
+
+
+def _orders(xq, xs):
+    """``{name: call(weight codes [N, K], weight scales [N]) -> [T, N]}`` for the two operand orders."""
+    def engine(w, ws):
+        return torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+
+    def swapped(w, ws):
+        return torch._scaled_mm(w, xq.t(), scale_a=ws.view(-1, 1), scale_b=xs.view(1, -1),
+                                out_dtype=torch.bfloat16).t()
+
+    return {"fp8": engine, "fp8_swapped_view": swapped, "fp8_swapped_copy": lambda w, ws: swapped(w, ws).contiguous()}
+
+
+def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
+    """Check and time bf16 and both FP8 operand orders on one linear shape at each row count."""
+    copies = max(1, min(32, math.ceil(ROTATE_BYTES / (K * N))))
+    g = torch.Generator(device="cuda").manual_seed(K * 7 + N)
+    weights = [(torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
+    fp8 = [quantize_fp8_rowwise(w) for w in weights]  # (codes [N, K], scales [N, 1]) per copy
+    result = {"K": K, "N": N, "weight_copies": copies, "rows": {}}
+    for T in batch_sizes:
+        x = torch.randn(T, K, device="cuda").to(torch.bfloat16)
+        xq, xs = quantize_fp8_rowwise(x)
+        ref = (xq.float() * xs) @ (fp8[0][0].float() * fp8[0][1]).t()
+        row = {"bf16": {"ms": _graph_ms([lambda w=w: F.linear(x, w) for w in weights])}}
+        row["bf16"]["weight_GBps"] = 2 * K * N / row["bf16"]["ms"] / 1e6
+        for kernel, fn in _orders(xq, xs).items():
+            try:
+                err = _rel_err(fn(fp8[0][0], fp8[0][1].view(-1)), ref)
+                ms = _graph_ms([lambda c=c, s=s, fn=fn: fn(c, s.view(-1)) for c, s in fp8])
+            except RuntimeError as exc:  # e.g. a row count cuBLASLt refuses in that order
+                row[kernel] = {"error": str(exc).splitlines()[0][:200]}
+                continue
+            row[kernel] = {"ms": ms, "weight_GBps": K * N / ms / 1e6, "rel_err": err, "ok": err < 2e-2}
+        result["rows"][str(T)] = row
+        print(f"{name:>8} T={T:5d}: " + "  ".join(
+            f"{k} {v['ms'] * 1000:8.1f} us ({v['weight_GBps']:5.0f} GB/s{'' if v.get('ok', True) else ' WRONG'})"
+            if "ms" in v else f"{k} error" for k, v in row.items()), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-7b", help="its config gives the shapes; weights are random")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 128, 256, 512, 2048, 16384])
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("the FP8 GEMM benchmark needs a CUDA device")
+    from throughput import write_result
+
+    shapes = {k: v for k, v in linear_shapes(model_config(args.model)).items() if k != "lm_head"}
+    result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name(0), "model": args.model,
+              "shapes": {name: bench_shape(name, K, N, args.batch_sizes) for name, (K, N) in shapes.items()}}
+    write_result(result, args.output_json, "fp8_gemm_layouts.json")
+
+
+if __name__ == "__main__":
+    main()
