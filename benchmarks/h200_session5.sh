@@ -20,7 +20,6 @@
 #   w2-split2 / w2-split8   W2 (N=1, 4) with the decode attention's KV splits aimed at 2 / 8 programs per SM
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
-#   w1-fp8-swap   W1 FP8 with its GEMMs of up to 512 rows run as W @ x^T (fp8.SWAPPED_GEMM_MAX_ROWS)
 #   fp8-layouts   torch._scaled_mm in both operand orders vs bf16, per linear shape and row count
 #   gpu-fp8   the FP8 and fused-layer kernel tests on the GPU (pytest, CUDA shapes)
 #   gpu-w4a16 the W4A16 kernel and AWQ/GPTQ format tests on the GPU
@@ -72,8 +71,6 @@ for step in "$@"; do
   w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;
   w1-fp8) run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
       --output-json "$OUT/w1_fp8.json" ;;
-  w1-fp8-swap) run_step w1-fp8-swap 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
-      --fp8-swapped-gemm-max-rows 512 --output-json "$OUT/w1_fp8_swap.json" ;;
   fp8-layouts) run_step fp8-layouts 200 python3 benchmarks/fp8_gemm_layouts.py --model $M7 \
       --output-json "$OUT/fp8_gemm_layouts.json" ;;
   stash-a) cp .devcarry/a/gguf.partaa /tmp/gguf.partaa && ls -la /tmp/gguf.partaa ;;  # for ppl-fp8 in the next call

@@ -234,16 +234,11 @@ def main() -> None:
                         help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
                         help="override the decode attention's KV-split target (triton_decode.PROGRAMS_PER_SM)")
-    parser.add_argument("--fp8-swapped-gemm-max-rows", type=int, default=None,
-                        help="override fp8.SWAPPED_GEMM_MAX_ROWS (FP8 GEMMs of up to this many rows run as W @ x^T)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
-    if args.fp8_swapped_gemm_max_rows is not None:
-        from inference.quantization import fp8
-        fp8.SWAPPED_GEMM_MAX_ROWS = args.fp8_swapped_gemm_max_rows
 
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size

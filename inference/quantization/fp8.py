@@ -21,9 +21,6 @@ from .linear import LinearMethodBase, QuantizedLinear
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-# Row counts (multiples of 16) up to which the GEMM runs as W @ x^T rather than x @ W^T (0: never); see
-# ``benchmarks/fp8_gemm_layouts.py``. Read at each call, so a benchmark may set it.
-SWAPPED_GEMM_MAX_ROWS = 0
 _MIN_SCALE = 1e-12
 
 
@@ -121,14 +118,6 @@ class Fp8LinearMethod(LinearMethodBase):
         else:
             (x_codes, x_scales), dtype = quantize_fp8_rowwise(x), x.dtype
         bias = layer.fused_bias
-        if x_codes.is_cuda and x_codes.shape[0] % 16 == 0 and x_codes.shape[0] <= SWAPPED_GEMM_MAX_ROWS:
-            # Few rows: W [N, K] @ x^T, the column-major view [K, T] of the row-major codes, so that the
-            # token dimension is cuBLASLt's N side; the [N, T] result is transposed back by one copy, which
-            # also adds the bias. cuBLASLt wants both dimensions of this second operand multiples of 16.
-            out_t = torch._scaled_mm(layer.weight, x_codes.t(), scale_a=layer.weight_scale.view(-1, 1),
-                                     scale_b=x_scales.view(1, -1), out_dtype=torch.bfloat16)
-            out = out_t.t().contiguous() if bias is None else out_t.t() + bias.to(torch.bfloat16)
-            return out.to(dtype)
         if x_codes.is_cuda:
             # A row-major [T, K] times the column-major view [K, N] of the row-major weight; the bias
             # is added in the GEMM's epilogue (bfloat16, the output dtype).
