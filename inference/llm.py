@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from .engine import EngineArgs, LLMEngine
 from .errors import InvalidRequestError
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import RequestOutputKind, SamplingParams
 from .validation import normalize_chat_messages, validate_text
 
 logger = logging.getLogger(__name__)
@@ -105,8 +105,12 @@ class LLM:
                  priority: Sequence[int] | None = None, cache_salt: str | None = None) -> list[str]:
         engine = self.llm_engine
         ids: list[str] = []
+        final_only: dict[int, SamplingParams] = {}  # one output per request: its text is decoded once, at the end
         try:
             for i, (prompt, params) in enumerate(zip(inputs, params_list)):
+                if id(params) not in final_only:
+                    final_only[id(params)] = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                params = final_only[id(params)]
                 request_id = str(self._next_id)
                 self._next_id += 1
                 engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None,

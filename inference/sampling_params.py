@@ -1,6 +1,7 @@
 """Sampling parameters of one request, with the same names and meanings as vLLM's."""
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -14,6 +15,20 @@ INTEGER_FIELDS = ("n", "top_k", "min_tokens")
 OPTIONAL_INTEGER_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 BOOLEAN_FIELDS = ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What ``LLMEngine.step()`` returns for a request, with vLLM's names and values.
+
+    ``DELTA``: after each step that adds tokens, the tokens and text added since the last output
+    (this engine's default: the server streams them). ``FINAL_ONLY``: one output when the request
+    finishes, holding all its tokens and text (``LLM.generate`` asks for it); without stop
+    strings the text is then decoded once, at the end, instead of at every step. vLLM's
+    ``CUMULATIVE`` (0) is not offered: join the deltas.
+    """
+
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _is_integer(value: object) -> bool:
@@ -47,6 +62,8 @@ class SamplingParams:
             the sampled token's own is always included.
         prompt_logprobs: the same for prompt tokens (0..20).
         skip_special_tokens: drop special tokens from the text.
+        output_kind: a :class:`RequestOutputKind` (or its value): every step's delta, or only the
+            final output.
 
     Raises:
         InvalidRequestError: from :meth:`verify`, naming the parameter and its limit.
@@ -73,6 +90,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.DELTA
     # Filled by the engine, not the user.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -87,6 +105,11 @@ class SamplingParams:
                 raise InvalidRequestError(f"{name} must be a list of token ids, got {getattr(self, name)!r}.",
                                           param=name)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.output_kind, bool) or self.output_kind not in tuple(RequestOutputKind):
+            raise InvalidRequestError(
+                f"output_kind must be RequestOutputKind.DELTA (1) or FINAL_ONLY (2), got {self.output_kind!r}"
+                " (CUMULATIVE is not offered: join the deltas).", param="output_kind")
+        self.output_kind = RequestOutputKind(self.output_kind)
         if self.logit_bias:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}

@@ -8,13 +8,21 @@ import torch
 from ..detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, Logprob
 from ..request import Request, RequestStatus
+from ..sampling_params import RequestOutputKind
 
 
 class SequenceOutputState:
-    """Per-sequence detokenizer and the output accumulated since the last ``step()`` returned."""
+    """Per-sequence detokenizer and the output accumulated since the last ``step()`` returned.
+
+    A ``FINAL_ONLY`` request without stop strings holds its token ids back from the detokenizer
+    (``held``) and decodes them in one call when it finishes: the same text, one decode instead of
+    one per step.
+    """
 
     def __init__(self, request: Request, tokenizer) -> None:
         params = request.sampling_params
+        self.defer_text = params.output_kind is RequestOutputKind.FINAL_ONLY and not params.stop
+        self.held: list[int] = []
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens, stop=list(params.stop),
@@ -72,6 +80,19 @@ def append_sampled_token(request: Request, token_id: int, max_model_len: int) ->
     return status
 
 
+def _text_delta(state: SequenceOutputState, token_ids: list[int],
+                status: RequestStatus | None) -> tuple[str, str | None]:
+    """``(text delta, matched stop string or None)`` of ``token_ids``; a deferring state returns no
+    text until ``status`` says the request finished, then the text of every token it held."""
+    if state.defer_text:
+        state.held.extend(token_ids)
+        if status is None:
+            return "", None
+        token_ids, state.held = state.held, []
+    return state.detokenizer.update(token_ids, finished=status is not None,
+                                    stop_terminated=status is RequestStatus.FINISHED_STOPPED)
+
+
 def detokenize_sampled_token(request: Request, state: SequenceOutputState, token_id: int, logprobs,
                              status: RequestStatus | None, tokenizer) -> RequestStatus | None:
     """The text half, done while the device runs the next step: detokenize ``token_id``, look for
@@ -82,8 +103,7 @@ def detokenize_sampled_token(request: Request, state: SequenceOutputState, token
     Returns:
         ``status``, or FINISHED_STOPPED when a stop string ended the text here.
     """
-    delta_text, stop_str = state.detokenizer.update([token_id], finished=status is not None,
-                                                    stop_terminated=status is RequestStatus.FINISHED_STOPPED)
+    delta_text, stop_str = _text_delta(state, [token_id], status)
     if stop_str is not None:
         status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = stop_str
@@ -127,8 +147,7 @@ def detokenize_sampled_tokens(request: Request, state: SequenceOutputState, toke
         ``status``, or FINISHED_STOPPED when a stop string ended the text.
     """
     detokenizer = state.detokenizer
-    delta_text, stop_str = detokenizer.update(token_ids, finished=status is not None,
-                                              stop_terminated=status is RequestStatus.FINISHED_STOPPED)
+    delta_text, stop_str = _text_delta(state, token_ids, status)
     if stop_str is not None:
         status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = stop_str

@@ -21,7 +21,7 @@ from ..model_loader import load_tokenizer
 from ..outputs import CompletionOutput, RequestOutput
 from ..request import Request, RequestStatus
 from ..runner import ModelRunner
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 from ..validation import validate_priority, validate_prompt, validate_text
 from .arg_utils import EngineArgs
 from .iteration_stats import IterationTokens
@@ -65,6 +65,7 @@ class _ParentRequest:
     prompt_logprobs: list | None = None
     prompt_logprobs_sent: bool = False
     finished_children: set[str] = field(default_factory=set)
+    final_only: bool = False  # RequestOutputKind.FINAL_ONLY: one output, when every sample has finished
 
 
 def make_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
@@ -163,7 +164,9 @@ class LLMEngine:
             children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
                                     arrival_time, priority, cache_salt, tenant_id))
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
-        self._parents[request_id] = _ParentRequest(request_id, text, token_ids, children, states)
+        self._parents[request_id] = _ParentRequest(
+            request_id, text, token_ids, children, states,
+            final_only=params.output_kind is RequestOutputKind.FINAL_ONLY)
         self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
 
@@ -370,7 +373,8 @@ class LLMEngine:
                 if not req.is_finished:  # a stop string: the token ids alone did not finish it
                     self.scheduler.finish_request(req, status)
                 parent.finished_children.add(req.request_id)
-            touched[parent.request_id] = parent
+            if not parent.final_only or len(parent.finished_children) == len(parent.children):
+                touched[parent.request_id] = parent
         return [self._collect(parent) for parent in touched.values()]
 
     def _record_prompt_logprobs(self, parent, req, data) -> None:
