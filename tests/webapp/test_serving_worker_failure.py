@@ -21,6 +21,18 @@ def own_stack(tmp_path_factory):
     s.stop()
 
 
+def _wait_both_started(s, timeout: float = 60) -> None:
+    """Until both requests run in the engine and have published output (a request the worker holds
+    but has not answered yet is requeued when it dies, not failed: see ``webapp.serving.held``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (info,) = s.worker_infos()
+        if info["stats"]["num_running"] == 2 and not s.redis.hlen(f"tessera:held:{MODEL}"):
+            return
+        assert time.monotonic() < deadline, info["stats"]
+        time.sleep(0.05)
+
+
 def test_killed_worker_gives_errors_not_hangs_then_recovers(own_stack):
     s = own_stack
 
@@ -29,7 +41,7 @@ def test_killed_worker_gives_errors_not_hangs_then_recovers(own_stack):
         assert status == 200 and len(await read_events(reader, limit=3)) == 3
         non_stream = asyncio.ensure_future(asyncio.to_thread(
             http, "POST", s.base_url + "/v1/completions", LONG, None, 60))
-        await asyncio.sleep(1.0)  # both requests are in the engine now
+        await asyncio.to_thread(_wait_both_started, s)
         s.workers[0].kill()
         killed = time.monotonic()
         events = await asyncio.wait_for(read_events(reader), 15)
