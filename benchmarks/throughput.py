@@ -31,6 +31,7 @@ from step_profile import PhaseTimers, kernel_table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import LLM, SamplingParams  # noqa: E402
+from inference.sampling_params import RequestOutputKind  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -89,7 +90,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
     llm = make_llm(args, num_scheduler_steps)
     engine = llm.llm_engine
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    kind = RequestOutputKind[getattr(args, "output_kind", "final_only").upper()]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, output_kind=kind) for n in outputs]
     warm_up(llm, prompts)
     produced, steps, occupancy, metrics = 0, 0, [], {}
     engine.device_wait_seconds = 0.0
@@ -125,7 +127,7 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
             "device_wait_s": engine.device_wait_seconds,
             "median_step_ms_all_admitted": 1000 * sorted(decode_steps)[len(decode_steps) // 2] if decode_steps else None,
             "steps_launched_ahead": engine.num_steps_ahead, "num_scheduler_steps": num_scheduler_steps,
-            "multi_step_windows": engine.num_multi_step_windows,
+            "multi_step_windows": engine.num_multi_step_windows, "output_kind": kind.name.lower(),
             "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
@@ -234,6 +236,9 @@ def main() -> None:
                         help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
                         help="override the decode attention's KV-split target (triton_decode.PROGRAMS_PER_SM)")
+    parser.add_argument("--output-kind", choices=["final_only", "delta"], default="final_only",
+                        help="SamplingParams.output_kind of the measured requests: one output per request, as "
+                             "LLM.generate (and vLLM's throughput benchmark) asks for, or every step's deltas")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.decode_programs_per_sm is not None:
