@@ -30,6 +30,14 @@ class SequenceOutputState:
         self.pending = CompletionOutput(index=request.index)
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
 
+    def flush_held(self) -> None:
+        """Add the text of the token ids a deferring state holds back to the pending output (a request
+        aborted before it finished), as a ``DELTA`` request would have streamed it."""
+        if self.held:
+            text, _ = self.detokenizer.update(self.held, finished=False)
+            self.pending.text += text
+            self.held = []
+
     def take_delta(self) -> CompletionOutput:
         delta, self.pending = self.pending, CompletionOutput(index=self.pending.index)
         delta.cumulative_logprob = self.cumulative_logprob

@@ -212,7 +212,9 @@ class LLMEngine:
             for child in parent.children:
                 if not child.is_finished:
                     self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
-                    delta = parent.states[child.request_id].take_delta()
+                    state = parent.states[child.request_id]
+                    state.flush_held()
+                    delta = state.take_delta()
                     delta.finish_reason = "abort"
                     outputs.append(delta)
             if report:

@@ -87,3 +87,29 @@ def test_a_bad_output_kind_names_the_parameter(value):
 def test_output_kind_takes_vllms_values():
     assert SamplingParams(output_kind=2).output_kind is RequestOutputKind.FINAL_ONLY
     assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+
+
+def test_an_aborted_final_only_request_gets_the_text_a_delta_request_streamed(test_prompts):
+    llm = LLM(max_model_len=512, kv_cache_space=0.25)
+    engine = llm.llm_engine
+    results = {}
+    for kind in RequestOutputKind:
+        params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, n=2, seed=3, output_kind=kind)
+        engine.add_request("r", test_prompts[0], params)
+        text, ids, outputs = {}, {}, []
+        for _ in range(12):
+            outputs += engine.step()
+        engine.abort_request("r")
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        for out in outputs:
+            for o in out.outputs:
+                text[o.index] = text.get(o.index, "") + o.text
+                ids[o.index] = ids.get(o.index, ()) + tuple(o.token_ids)
+        assert outputs[-1].finished and {o.finish_reason for o in outputs[-1].outputs} == {"abort"}
+        results[kind] = (text, ids)
+        kv = engine.kv_cache_manager
+        assert kv.num_free_blocks == kv.num_blocks
+    (final_text, final_ids), (delta_text, delta_ids) = results[RequestOutputKind.FINAL_ONLY], results[RequestOutputKind.DELTA]
+    assert final_ids == delta_ids and len(final_ids[0]) >= 5
+    assert final_text == delta_text and final_text[0]
