@@ -36,6 +36,9 @@ _MAX_CHAR_TOKENS = 4
 # Past this many unread tokens a trailing U+FFFD is taken for invalid bytes, not a character
 # still being completed, and is emitted; this bounds the window on garbage output.
 _MAX_HELD_TOKENS = 16
+# Characters in the set of all proper prefixes of the stop strings above which they are scanned instead
+# (a 1 MB stop string would otherwise make 5 * 10^11 characters of prefixes).
+_MAX_PREFIX_SET_CHARS = 1 << 20
 
 
 def _make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -94,7 +97,10 @@ class IncrementalDetokenizer:
         # stay in the window and the tokenizer's decoder places them.
         self._split_at_special = not skip_special_tokens and spaces_between_special_tokens
         self._stop = list(dict.fromkeys(s for s in (stop or []) if s))
-        self._stop_prefixes = frozenset(s[:i] for s in self._stop for i in range(1, len(s)))
+        # Proper prefixes of the stop strings, for the held-back tail; a set only while it stays small
+        # (its size grows with the square of a string's length), else each string is scanned.
+        small = sum(len(s) * (len(s) - 1) // 2 for s in self._stop) <= _MAX_PREFIX_SET_CHARS
+        self._stop_prefixes = frozenset(s[:i] for s in self._stop for i in range(1, len(s))) if small else None
         self._max_held_chars = max((len(s) for s in self._stop), default=1) - 1
         self._include_stop = include_stop_str_in_output
         self._pending = ""  # decoded text held back as a possible stop-string prefix
@@ -279,7 +285,18 @@ class IncrementalDetokenizer:
         return best
 
     def _held_suffix_len(self, text: str) -> int:
-        for length in range(min(len(text), self._max_held_chars), 0, -1):
-            if text[-length:] in self._stop_prefixes:
-                return length
-        return 0
+        """Length of the longest end of ``text`` that is a proper prefix of a stop string."""
+        if self._stop_prefixes is not None:
+            for length in range(min(len(text), self._max_held_chars), 0, -1):
+                if text[-length:] in self._stop_prefixes:
+                    return length
+            return 0
+        tail, best = text[max(0, len(text) - self._max_held_chars):], 0
+        for stop in self._stop:  # candidate starts: the stop string's first character, longest first
+            i = tail.find(stop[0], max(0, len(tail) - len(stop) + 1))
+            while i != -1 and len(tail) - i > best:
+                if stop.startswith(tail[i:]):
+                    best = len(tail) - i
+                    break
+                i = tail.find(stop[0], i + 1)
+        return best

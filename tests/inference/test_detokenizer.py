@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import tracemalloc
 
 import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from inference import detokenizer
 from inference.detokenizer import IncrementalDetokenizer
 
 TEXTS = {
@@ -211,6 +213,30 @@ def test_sentencepiece_special_tokens(sentencepiece):
 
 
 # -- stop strings ---------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True, params=["prefix_set", "scan"])
+def stop_prefix_lookup(request, monkeypatch):
+    """Every test runs with the held-back tail found in the set of stop-string prefixes and by
+    scanning the stop strings (the path taken when the set would be too large)."""
+    if request.param == "scan":
+        monkeypatch.setattr(detokenizer, "_MAX_PREFIX_SET_CHARS", -1)
+    return request.param
+
+
+def test_a_one_megabyte_stop_string_holds_back_its_prefix_in_little_memory(smollm2):
+    """A 1 MB stop string (a client's, through the API) must not build its 10^6 prefixes."""
+    stop = "Paris" + "x" * 1_000_000
+    tracemalloc.start()
+    try:
+        det = IncrementalDetokenizer(smollm2, [], stop=[stop])
+        ids = encode(smollm2, PARIS)
+        paris = next(k for k, i in enumerate(ids) if smollm2.decode([i]) == " Paris")
+        deltas = [det.update([i])[0] for i in ids]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert deltas[paris] == " " and deltas[paris + 1] == "Paris."  # held while it could grow into the stop
+    assert det.output_text == PARIS and peak < 20 * 2 ** 20, peak
 
 def run_stop(tokenizer, text: str, stop: list[str], include: bool = False, chunk: int = 1):
     ids = encode(tokenizer, text)
