@@ -152,3 +152,38 @@ def test_requests_not_started_wait_for_a_restarted_worker(tmp_path_factory):
         assert statuses == [200, 200, 503], statuses
     finally:
         s.stop()
+
+
+def test_requests_whose_clients_left_are_not_rerun_after_their_worker_died(tmp_path_factory):
+    """The only worker dies holding requests it had not started, and their clients leave: the worker
+    that replaces it does not run them (nobody would read the answers)."""
+    s = Stack(tmp_path_factory.mktemp("left"),
+              engine_argv=[MODEL, "--max-model-len", "2048", "--kv-cache-space", "0.25", "--max-num-seqs", "1",
+                           "--max-waiting-requests", "2"])
+    held_key = f"tessera:held:{MODEL}"
+    try:
+        async def run() -> None:
+            streams = [await open_stream(s.base_url, "/v1/completions", dict(LONG, max_tokens=400, stream=True),
+                                         read_head=False) for _ in range(3)]
+            deadline = time.monotonic() + 120
+            while not (s.worker_infos() and s.worker_infos()[0]["stats"].get("num_waiting", 0) >= 2):
+                assert time.monotonic() < deadline, s.worker_infos()
+                await asyncio.sleep(0.2)
+            assert s.redis.hlen(held_key) == 2  # the two waiting in its engine are held, unstarted
+            s.workers[0].kill()
+            for _, writer, _ in streams:
+                writer.transport.abort()
+
+        asyncio.run(run())
+        time.sleep(6)  # past the heartbeat: the dead worker's records are now orphans
+        s.add_worker()
+        s.wait_live()
+        time.sleep(4)  # several reclaim rounds of the new worker
+        (info,) = s.worker_infos()
+        stats = info["stats"]
+        assert stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["generation_tokens_total"] == 0, stats
+        assert s.redis.hlen(held_key) == 0
+        reply = s.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens == 4  # and it serves new requests
+    finally:
+        s.stop()

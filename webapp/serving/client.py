@@ -212,8 +212,10 @@ class GenerationStream:
         return True
 
     async def abort(self) -> None:
-        """Abort the unfinished engine requests: those not claimed yet are marked so no
-        worker starts them; the owners of the others get an abort on their control channel."""
+        """Abort the unfinished engine requests: those not claimed yet, and those a worker claimed
+        but holds unstarted (:func:`.held.abort_held`: even a dead worker, whose records another
+        worker would requeue), are marked so that no worker starts them; the owners of the
+        claimed ones get an abort on their control channel."""
         if not self._unfinished:
             return
         rids = sorted(self._unfinished)
@@ -228,6 +230,10 @@ class GenerationStream:
             for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
                 if owner and owner.decode() != registry.ABORTED:
                     by_worker.setdefault(owner.decode(), []).append(rid)
+            pipe = redis.pipeline(transaction=False)
+            for rid in claimed:  # held unstarted by a live or a dead worker: it never starts now
+                await held.abort_held(pipe, self.model, rid, client=pipe)
+            await pipe.execute()
         for worker_id, owned in by_worker.items():
             info = await registry.worker_info(redis, worker_id)
             if info and info.get("control"):

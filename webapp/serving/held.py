@@ -7,7 +7,9 @@ waiting queue, where the tenants' shares pick the next request). If the worker i
 nothing else would bring the request back. So the worker records it in Redis
 (``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload"}``) before waiting,
 and removes the record (:func:`settle`) when the request's first output or error is published,
-when its client aborts it, or when the worker gives it back. Every worker of the model checks
+when its client aborts it, or when the worker gives it back. A client that leaves while its request
+is held marks the claim ``ABORTED`` (:func:`abort_held`), so that it never starts, even when its
+worker died and the record is taken over. Every worker of the model checks
 that hash once a second; the records of a worker whose heartbeat has expired are taken and put
 back on the model's queue, within about ``HEARTBEAT_TTL + RECLAIM_INTERVAL`` seconds (5 s) of
 the death.
@@ -68,26 +70,48 @@ def release(redis, model: str, worker_id: str, request_id: str) -> None:
     redis.register_script(RELEASE_SCRIPT)(keys=[held_key(model)], args=[request_id, worker_id])
 
 
-# KEYS: the claim, the held hash; ARGV: this worker's id, the request id.
+# KEYS: the claim, the held hash; ARGV: this worker's id, the request id, ABORTED.
 SETTLE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local claim = redis.call('GET', KEYS[1])
+if claim == ARGV[1] then
   redis.call('HDEL', KEYS[2], ARGV[2])
   return 1
+end
+if claim == ARGV[3] then
+  local raw = redis.call('HGET', KEYS[2], ARGV[2])
+  if raw and cjson.decode(raw)['worker'] == ARGV[1] then
+    redis.call('HDEL', KEYS[2], ARGV[2])
+  end
 end
 return 0
 """
 
-# KEYS: the held hash, the claim; ARGV: the request id, the dead worker's id, REQUEUED, TTL (s).
+# KEYS: the held hash, the claim; ARGV: the request id, the dead worker's id, REQUEUED, TTL (s), ABORTED.
 TAKE_SCRIPT = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw or cjson.decode(raw)['worker'] ~= ARGV[2] then
   return false
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('GET', KEYS[2]) == ARGV[2] then
+local claim = redis.call('GET', KEYS[2])
+if claim == ARGV[5] then
+  return false
+end
+if claim == ARGV[2] then
   redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 end
 return raw
+"""
+
+# KEYS: the claim, the held hash; ARGV: the request id, ABORTED, TTL (s).
+ABORT_HELD_SCRIPT = """
+local owner = redis.call('GET', KEYS[1])
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if owner and raw and cjson.decode(raw)['worker'] == owner then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
 """
 
 
@@ -97,7 +121,18 @@ def settle(redis, model: str, worker_id: str, request_id: str, client=None):
     worker's to run), 0 if another worker took it over (this one must drop it). With ``client``
     (a pipeline), the result comes from its ``execute``."""
     return redis.register_script(SETTLE_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
-                                                args=[worker_id, request_id], client=client)
+                                                args=[worker_id, request_id, registry.ABORTED], client=client)
+
+
+def abort_held(redis, model: str, request_id: str, client=None):
+    """The client of ``request_id`` is gone: if the worker that claimed it still holds it unstarted
+    (alive or dead), turn the claim into ``ABORTED``, so that neither that worker (its
+    :func:`settle` fails and removes the record) nor a requeued copy (:func:`take` drops it)
+    ever runs it. Returns 1 if it was held, else 0 (a pipeline's ``execute`` gives it with
+    ``client``)."""
+    return redis.register_script(ABORT_HELD_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
+                                                    args=[request_id, registry.ABORTED, registry.CLAIM_TTL],
+                                                    client=client)
 
 
 def take_orphans(redis, model: str) -> list[dict[str, Any]]:
@@ -117,9 +152,10 @@ def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] |
     """Take the record of ``request_id`` held by ``worker_id`` (dead, or giving it back): remove
     it and turn that worker's claim, if it had one, into ``REQUEUED``, so that a requeued copy can
     claim it. Returns the payload to requeue, None when the record was not there (taken already,
-    or settled)."""
+    or settled) or its client aborted it (:func:`abort_held`)."""
     raw = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
-                                             args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL])
+                                             args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL,
+                                                   registry.ABORTED])
     return json.loads(raw)["payload"] if raw else None
 
 

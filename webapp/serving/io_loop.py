@@ -214,8 +214,8 @@ class WorkerIO(threading.Thread):
 
     async def _settle(self, request_ids: set[str]) -> set[str]:
         """Remove the held records of requests about to publish their first message; returns
-        those another worker took over (their claims no longer name this worker): they are
-        aborted here and nothing of them is published."""
+        those another worker took over or their clients aborted (their claims no longer name this
+        worker): they are aborted here and nothing of them is published."""
         if not request_ids:
             return set()
         rids = sorted(request_ids)
@@ -224,8 +224,8 @@ class WorkerIO(threading.Thread):
             await held.settle(pipe, self._unstarted.pop(rid), self.worker_id, rid, client=pipe)
         lost = {rid for rid, mine in zip(rids, await pipe.execute()) if not mine}
         if lost:
-            logger.warning("requests %s were taken over by another worker before they started here; dropped",
-                           sorted(lost))
+            logger.warning("requests %s were taken over by another worker, or aborted by their clients, before "
+                           "they started here; dropped", sorted(lost))
             for rid in lost:
                 self._routes.pop(rid, None)
                 self._seq.pop(rid, None)
