@@ -166,7 +166,8 @@ async def _selected(slug: str) -> TenantRef:
         shown = slug if len(slug) <= 64 else slug[:64] + "..."  # a header can be kilobytes long
         raise TenantError(f"tenant not found: '{shown}'", 404, "tenant_not_found", param="X-Tenant-ID")
     if not tenant.active:
-        raise TenantError(f"Tenant '{slug}' is inactive.", 403, "tenant_inactive", param="X-Tenant-ID")
+        raise TenantError(f"Tenant '{slug}' is inactive.", 403, "tenant_inactive", param="X-Tenant-ID",
+                          tenant_id=tenant.id)
     return tenant
 
 
@@ -200,9 +201,10 @@ async def identify(authorization: str, tenant_header: str | None) -> Caller:
             raise _invalid_key(f"API key {key.prefix}… has no tenant.")
         if header is not None and header != tenant.slug:
             raise TenantError(f"X-Tenant-ID '{header}' names another tenant than the API key's ('{tenant.slug}').",
-                              403, "tenant_mismatch", param="X-Tenant-ID")
+                              403, "tenant_mismatch", param="X-Tenant-ID", tenant_id=tenant.id, key_id=key.id)
         if not tenant.active:
-            raise TenantError(f"Tenant '{tenant.slug}' is inactive.", 403, "tenant_inactive")
+            raise TenantError(f"Tenant '{tenant.slug}' is inactive.", 403, "tenant_inactive", tenant_id=tenant.id,
+                              key_id=key.id)
         return Caller(tenant, key.id)
     if key_only:
         if secret:

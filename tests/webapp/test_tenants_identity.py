@@ -45,7 +45,8 @@ def test_unknown_tenant_is_404_and_inactive_403(tenant_web):
     team = make_tenant(active=False)
     error = _error(completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}), 403)
     assert error["code"] == "tenant_inactive" and team.slug in error["message"]
-    assert usage_totals(team)["requests"] == 0
+    usage = wait_usage(team, 1)  # the refusal is counted against the tenant, as a 403
+    assert usage["errors_invalid_request"] == 1 and usage["prompt_tokens"] == usage["completion_tokens"] == 0
 
 
 def test_key_identifies_its_tenant_and_the_header_must_agree(tenant_web):
@@ -59,7 +60,8 @@ def test_key_identifies_its_tenant_and_the_header_must_agree(tenant_web):
     assert status == 200
     error = _error(completion(tenant_web.base_url, {**bearer(secret), "X-Tenant-ID": other.slug}), 403)
     assert error["code"] == "tenant_mismatch" and error["param"] == "X-Tenant-ID"
-    assert wait_usage(team, 2)["requests"] == 2
+    usage = wait_usage(team, 3)  # two served, and the refusal, counted against the key's tenant
+    assert usage["requests"] == 3 and usage["errors_invalid_request"] == 1
     assert usage_totals(other)["requests"] == 0
     key.refresh_from_db()
     assert wait_for(lambda: ApiKey.objects.get(id=key.id).last_used_at is not None)

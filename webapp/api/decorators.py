@@ -12,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from tenants.errors import TenantError
 from tenants.identity import identify
 from tenants.metering import Meter, error_kind
+from tenants.usage import recorder
 
 from .errors import APIError, unavailable
 
@@ -46,6 +47,8 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
                     return await view(request, meter, *args, **kwargs)
                 return await view(request, caller, *args, **kwargs)
             except TenantError as error:
+                if metered and meter is None and error.tenant_id is not None:  # refused before a Caller existed
+                    recorder.record(error.tenant_id, "", 0, 0, error_kind(error.status), error.key_id)
                 return _refused(meter, APIError.from_tenant(error))
             except APIError as error:
                 return _refused(meter, error)
