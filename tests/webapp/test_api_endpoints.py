@@ -13,8 +13,10 @@ def test_health_and_version(stack):
     assert json.loads(body) == {"status": "ok", "num_workers": 1}
     status, _, body = http("GET", stack.base_url + "/version")
     assert status == 200 and json.loads(body)["version"]
-    status, _, body = http("HEAD", stack.base_url + "/health")  # load balancers' probes
-    assert status == 200 and body == b""
+    status, headers, body = http("HEAD", stack.base_url + "/health")  # load balancers' probes
+    assert status == 200 and body == b"" and headers["Content-Type"] == "application/json"
+    status, _, body = http("POST", stack.base_url + "/health")  # GET only, as vLLM's
+    assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
     for method in ("GET", "POST"):  # vLLM's /ping
         status, _, body = http(method, stack.base_url + "/ping")
         assert status == 200 and json.loads(body)["status"] == "ok"

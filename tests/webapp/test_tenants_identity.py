@@ -42,6 +42,9 @@ def test_header_selects_the_tenant_and_absent_means_default(tenant_web):
 def test_unknown_tenant_is_404_and_inactive_403(tenant_web):
     error = _error(completion(tenant_web.base_url, {"X-Tenant-ID": "nobody-here"}), 404)
     assert error["code"] == "tenant_not_found" and error["param"] == "X-Tenant-ID"
+    # A UTF-8 header (sent as its bytes; http.client writes str headers as Latin-1) reads back as written.
+    error = _error(completion(tenant_web.base_url, {"X-Tenant-ID": "équipe".encode().decode("latin-1")}), 404)
+    assert "'équipe'" in error["message"]
     team = make_tenant(active=False)
     error = _error(completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}), 403)
     assert error["code"] == "tenant_inactive" and team.slug in error["message"]

@@ -41,7 +41,7 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
                 caller = None
                 if authenticate:
                     caller = await identify(request.headers.get("Authorization", ""),
-                                            request.headers.get("X-Tenant-ID"))
+                                            _utf8_header(request.headers.get("X-Tenant-ID")))
                 if metered:
                     meter = Meter(caller)
                     return await view(request, meter, *args, **kwargs)
@@ -64,6 +64,17 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
         return wrapper
 
     return decorate
+
+
+def _utf8_header(value: str | None) -> str | None:
+    """A header value as the client wrote it: ASGI servers hand Django the raw bytes, which it decodes
+    as Latin-1, so UTF-8 text (a non-ASCII tenant name) would show garbled in error messages."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 def _refused(meter: Meter | None, error: APIError) -> HttpResponse:

@@ -150,18 +150,27 @@ async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
     return JsonResponse({"prompt": tokenizer.decode(tokens)})
 
 
-@api_view("GET", "HEAD", "POST", authenticate=False)
+@api_view("GET", "HEAD", authenticate=False)
 async def health(request: HttpRequest, tenant) -> HttpResponse:
-    """GET /health (and vLLM's /ping, GET or POST): 200 ``{"status": "ok", "num_workers": N}`` when
-    at least one engine worker is live, else 503 in OpenAI's error envelope; HEAD: the same status,
-    no body.
+    """GET /health: 200 ``{"status": "ok", "num_workers": N}`` when at least one engine worker is
+    live, else 503 in OpenAI's error envelope; HEAD: the same status and content type, no body.
 
     vLLM answers 200 with an empty body; probes read only the status, so they work unchanged,
     while a person or a script gets JSON like every other endpoint (not an empty text/html).
     """
+    return await _health(request)
+
+
+@api_view("GET", "HEAD", "POST", authenticate=False)
+async def ping(request: HttpRequest, tenant) -> HttpResponse:
+    """vLLM's (SageMaker's) liveness path, GET or POST: as ``GET /health``."""
+    return await _health(request)
+
+
+async def _health(request: HttpRequest) -> HttpResponse:
     workers = [w for w in await live_workers(get_redis()) if w.get("live")]
     if request.method == "HEAD":
-        return HttpResponse(status=200 if workers else 503)
+        return HttpResponse(status=200 if workers else 503, content_type="application/json")
     if not workers:
         raise unavailable("No engine worker is live.")
     return JsonResponse({"status": "ok", "num_workers": len(workers)})
