@@ -45,19 +45,23 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, sc
 
 def _prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
              context_len: int, block_table: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of ``n`` new tokens over ``context_len`` cached ones plus themselves."""
+    """Causal attention of ``n`` new tokens over ``context_len`` cached ones plus themselves.
+
+    The operands are 4-D ``[1, H, L, D]``: with 3-D ones PyTorch's CPU SDPA takes its unfused math
+    kernel, which materialises the ``[Hq, n, L]`` scores (a 3,000-token SmolLM2 prefill took 16.6 s
+    that way, against 4.1 s in transformers)."""
     n = q.shape[0]
-    qh = q.transpose(0, 1)
+    qh = q.transpose(0, 1)[None]
     if context_len == 0:
-        return F.scaled_dot_product_attention(
-            qh, k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+        return F.scaled_dot_product_attention(qh, k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True,
+                                              scale=scale, enable_gqa=True)[0].transpose(0, 1)
     total = context_len + n
-    keys = _gather(kv_cache[0], block_table, total).transpose(0, 1)
-    values = _gather(kv_cache[1], block_table, total).transpose(0, 1)
+    keys = _gather(kv_cache[0], block_table, total).transpose(0, 1)[None]
+    values = _gather(kv_cache[1], block_table, total).transpose(0, 1)[None]
     q_pos = torch.arange(context_len, total, device=q.device)[:, None]
     allowed = torch.arange(total, device=q.device)[None, :] <= q_pos  # [n, total]
     return F.scaled_dot_product_attention(
-        qh, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True).transpose(0, 1)
+        qh, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)[0].transpose(0, 1)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
