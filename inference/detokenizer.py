@@ -134,8 +134,8 @@ class IncrementalDetokenizer:
 
         ``delta_text`` never ends in a partial UTF-8 character and never holds a tail that
         could still grow into a stop string; such text is held until resolved. With
-        ``finished=True`` everything held is flushed, an incomplete final character as
-        U+FFFD. ``stop_str`` is the first stop string to complete (if one token completes
+        ``finished=True`` everything held is flushed, except a final character the last
+        tokens left incomplete, which is dropped (as vLLM does). ``stop_str`` is the first stop string to complete (if one token completes
         several: the one starting earliest in the text, then the first in ``stop``), or
         None. After a match the tokens after the one that completed it are ignored and the
         request is over. ``stop_terminated`` (with ``finished``): the last new token is a stop
@@ -167,7 +167,7 @@ class IncrementalDetokenizer:
         else:
             self._num_output_tokens += num_skipped
             if finished:
-                stopped = self._emit(self._runs_text(self._advance(final=True)), out, final=True)
+                stopped = self._emit(self._runs_text(self._advance(final=True, at_end=True)), out, final=True)
         if stopped:
             self._truncate_to = self._num_output_tokens
         if stopped or finished:
@@ -218,15 +218,19 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         return self._runs_text(self._advance(final=False))
 
-    def _advance(self, final: bool) -> str:
+    def _advance(self, final: bool, at_end: bool = False) -> str:
         """Text that the window's unread tokens add; "" while it ends in a partial character
-        (unless ``final``)."""
+        (unless ``final``). ``at_end`` (the output finished): a character its last tokens left
+        incomplete is dropped, not shown as U+FFFD (vLLM's behaviour when ``max_tokens`` cuts
+        an emoji); invalid bytes held past ``_MAX_HELD_TOKENS`` were already emitted as U+FFFD."""
         ids = self._ids
         new_text = self._decode(ids[self._prefix_offset:])
         incomplete = (len(new_text) <= len(self._prefix_text)
                       or new_text.endswith(_REPLACEMENT_CHAR))
         if incomplete and not final and len(ids) - self._read_offset < _MAX_HELD_TOKENS:
             return ""
+        if incomplete and at_end and len(ids) - self._read_offset < _MAX_HELD_TOKENS:
+            new_text = new_text.rstrip(_REPLACEMENT_CHAR)
         delta = new_text[len(self._prefix_text):]
         if len(ids) - self._prefix_offset > _MAX_WINDOW_TOKENS:
             del ids[:self._read_offset]  # the old read offset is a character boundary

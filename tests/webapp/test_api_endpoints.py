@@ -15,8 +15,9 @@ def test_health_and_version(stack):
     assert status == 200 and json.loads(body)["version"]
     status, headers, body = http("HEAD", stack.base_url + "/health")  # load balancers' probes
     assert status == 200 and body == b"" and headers["Content-Type"] == "application/json"
-    status, _, body = http("POST", stack.base_url + "/health")  # GET only, as vLLM's
+    status, headers, body = http("POST", stack.base_url + "/health")  # GET only, as vLLM's
     assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+    assert headers["Allow"] == "GET, HEAD"
     for method in ("GET", "POST"):  # vLLM's /ping
         status, _, body = http(method, stack.base_url + "/ping")
         assert status == 200 and json.loads(body)["status"] == "ok"

@@ -192,3 +192,8 @@ def test_no_secret_in_the_database_or_logs(tenant_web, orm, stack):
     assert secret.encode() not in database and secret[len(key.prefix):].encode() not in database
     for log in [*tenant_web.logs_dir.glob("*.log"), *stack.logs_dir.glob("*.log")]:
         assert secret not in log.read_text(errors="replace"), log
+
+
+def test_a_utf8_key_reads_back_as_written_in_the_401(tenant_web):
+    error = _error(completion(tenant_web.base_url, bearer("tsk-été".encode().decode("latin-1"))), 401)
+    assert error["code"] == "invalid_api_key" and "tsk-été" in error["message"]

@@ -37,10 +37,10 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
             try:
                 if request.method not in methods:
                     raise APIError(f"Method {request.method} is not allowed; use {' or '.join(methods)}.", 405,
-                                   code="method_not_allowed")
+                                   code="method_not_allowed", allow=methods)
                 caller = None
                 if authenticate:
-                    caller = await identify(request.headers.get("Authorization", ""),
+                    caller = await identify(_utf8_header(request.headers.get("Authorization", "")),
                                             _utf8_header(request.headers.get("X-Tenant-ID")))
                 if metered:
                     meter = Meter(caller)
@@ -68,7 +68,7 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
 
 def _utf8_header(value: str | None) -> str | None:
     """A header value as the client wrote it: ASGI servers hand Django the raw bytes, which it decodes
-    as Latin-1, so UTF-8 text (a non-ASCII tenant name) would show garbled in error messages."""
+    as Latin-1, so UTF-8 text (a non-ASCII tenant name or key) would show garbled in error messages."""
     if value is None:
         return None
     try:

@@ -27,11 +27,14 @@ class APIError(Exception):
         param: the offending request field, when there is one.
         code: a short machine-readable code (``model_not_found``, ...).
         retry_after: seconds, sent as the ``Retry-After`` header (429).
+        allow: the methods a 405 names in its ``Allow`` header (RFC 9110).
     """
 
     def __init__(self, message: str, status: int = 400, type: str | None = None,
-                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None,
+                 allow: tuple[str, ...] = ()) -> None:
         super().__init__(message)
+        self.allow = allow
         self.message = message
         self.status = status
         if status == 503 and type is None:  # one envelope for every 503 (see ``unavailable``)
@@ -48,6 +51,8 @@ class APIError(Exception):
         response = JsonResponse(self.body(), status=self.status)
         if self.retry_after is not None:
             response["Retry-After"] = str(self.retry_after)
+        if self.allow:
+            response["Allow"] = ", ".join(self.allow)
         return response
 
     @classmethod
