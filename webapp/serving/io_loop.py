@@ -212,10 +212,11 @@ class WorkerIO(threading.Thread):
         if items or cleanup:
             await bulk_send(self.layer, items, cleanup)
 
-    async def _settle(self, request_ids: set[str]) -> set[str]:
+    async def _settle(self, request_ids: set[str], aborted: bool = False) -> set[str]:
         """Remove the held records of requests about to publish their first message; returns
         those another worker took over or their clients aborted (their claims no longer name this
-        worker): they are aborted here and nothing of them is published."""
+        worker): they are aborted here and nothing of them is published. ``aborted``: the
+        requests' clients left (an abort message), so losing them is expected and not logged."""
         if not request_ids:
             return set()
         rids = sorted(request_ids)
@@ -223,7 +224,7 @@ class WorkerIO(threading.Thread):
         for rid in rids:
             await held.settle(pipe, self._unstarted.pop(rid), self.worker_id, rid, client=pipe)
         lost = {rid for rid, mine in zip(rids, await pipe.execute()) if not mine}
-        if lost:
+        if lost and not aborted:
             logger.warning("requests %s were taken over by another worker, or aborted by their clients, before "
                            "they started here; dropped", sorted(lost))
             for rid in lost:
@@ -249,7 +250,7 @@ class WorkerIO(threading.Thread):
                     self.metrics.forget(rid)
                 self._on_abort(rids)
                 try:  # aborted before it started: its held record goes (nothing is published for it)
-                    await self._settle({rid for rid in rids if rid in self._unstarted})
+                    await self._settle({rid for rid in rids if rid in self._unstarted}, aborted=True)
                 except Exception:
                     logger.exception("removing the held records of aborted requests failed")
 
