@@ -17,6 +17,8 @@
 #   check-ms  multi-step (8) vs single decode steps, float32 and bfloat16 (gpu_check)
 #   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
+#   w2-n4-repeat  W2 with 4 scheduler steps three times on one engine, with the Triton builds in each timed run
+#   silu-fp8  the FP8 SwiGLU kernel reading its row once against the two-pass one (benchmarks/kernels.py)
 #   w2-split2 / w2-split8   W2 (N=1, 4) with the decode attention's KV splits aimed at 2 / 8 programs per SM
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
@@ -96,6 +98,10 @@ for step in "$@"; do
   w2-n4-delta) run_step w2-n4-delta 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-kind delta --output-json "$OUT/w2_n4_delta.json" ;;
+  w2-n4-repeat) run_step w2-n4-repeat 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 4 --repeat 3 --output-json "$OUT/w2_n4_repeat.json" ;;
+  silu-fp8) run_step silu-fp8 200 python3 benchmarks/kernels.py --only silu --out "$OUT/kernels_silu_fp8.json" ;;
   w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;

@@ -146,7 +146,21 @@ def layer_cases(tokens: int, dtype) -> list[dict]:
         dict(name=f"silu_and_mul_t{tokens}", shape=dict(tokens=tokens, inter=INTER),
              triton=lambda: tl_layers.silu_and_mul(gate_up), torch=lambda: silu_and_mul(gate_up),
              bytes=3 * tokens * INTER * e),
+        # SwiGLU quantized per token for the FP8 down projection: the row read once ("triton") against
+        # the two-pass kernel it replaced ("torch" column), same codes and scales.
+        dict(name=f"silu_and_mul_fp8_one_read_vs_two_passes_t{tokens}", shape=dict(tokens=tokens, inter=INTER),
+             triton=lambda: tuple(tl_layers.silu_and_mul(gate_up, fp8_out=True)[:2]),
+             torch=lambda: _silu_and_mul_fp8_two_passes(tl_layers, gate_up),
+             bytes=2 * tokens * INTER * e + tokens * INTER),
     ]
+
+
+def _silu_and_mul_fp8_two_passes(tl_layers, gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    inter = gate_up.shape[1] // 2
+    codes = torch.empty((gate_up.shape[0], inter), dtype=torch.float8_e4m3fn, device=gate_up.device)
+    scales = torch.empty((gate_up.shape[0], 1), dtype=torch.float32, device=gate_up.device)
+    tl_layers._silu_and_mul_fp8_launch(gate_up, codes, scales, inter, row_in_registers=False)
+    return codes, scales
 
 
 def _check(case: dict, dtype) -> tuple[bool, float]:

@@ -3,7 +3,8 @@
 ``PhaseTimers(engine)`` wraps the engine's step phases (wait for the device, bookkeeping of
 sampled tokens, schedule, prepare-and-launch, detokenize) with wall-clock accumulators, in
 seconds; the engine's code is untouched. ``kernel_table(...)`` runs a callable under
-``torch.profiler`` and returns the kernels that took the most device time.
+``torch.profiler`` and returns the kernels that took the most device time. ``TritonCompileWatch``
+counts the Triton kernel variants first built (or loaded from Triton's disk cache) while it is open.
 """
 from __future__ import annotations
 
@@ -58,6 +59,57 @@ class PhaseTimers:
         out["device_wait"] = self._engine.device_wait_seconds
         out["host_bookkeeping"] = out["finish_inflight"] - out["device_wait"]
         return {k: round(v, 4) for k, v in out.items()}
+
+
+class TritonCompileWatch:
+    """Context manager: each Triton kernel variant the process builds while open, and its wall seconds.
+
+    A variant is built on an in-process cache miss: a kernel's first call with a new specialization
+    (constexprs, dtypes, integer arguments equal to 1 or divisible by 16, pointer alignment), compiled
+    or loaded from Triton's on-disk cache. Inside a timed run each one is a stall of the step that hit
+    it. Uses ``triton.knobs.runtime.jit_cache_hook`` and ``jit_post_compile_hook``; without Triton it
+    records nothing.
+    """
+
+    def __init__(self) -> None:
+        self.builds: list[tuple[str, float]] = []
+        self.examples: dict[str, list[str]] = {}  # up to 3 variant signatures per kernel
+        self._started: tuple[str, float] | None = None
+        self._saved = None
+
+    def __enter__(self) -> "TritonCompileWatch":
+        try:
+            from triton import knobs
+        except ImportError:
+            return self
+        runtime = knobs.runtime
+        self._saved = (runtime, runtime.jit_cache_hook, runtime.jit_post_compile_hook)
+
+        def before(*, fn, repr, **_) -> bool:  # noqa: A002 - Triton's keyword
+            seen = self.examples.setdefault(fn.name, [])
+            if len(seen) < 3:
+                seen.append(repr)
+            self._started = (fn.name, time.perf_counter())
+            return False  # build it
+
+        def after(*, fn, **_) -> None:
+            name, start = self._started if self._started else (fn.name, time.perf_counter())
+            self.builds.append((name, time.perf_counter() - start))
+            self._started = None
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = before, after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved:
+            runtime, runtime.jit_cache_hook, runtime.jit_post_compile_hook = self._saved
+
+    def report(self) -> dict:
+        """``{"count", "seconds", "kernels": {name: count}, "examples"}`` of the variants built while open."""
+        kernels: dict[str, int] = {}
+        for name, _ in self.builds:
+            kernels[name] = kernels.get(name, 0) + 1
+        return {"count": len(self.builds), "seconds": round(sum(s for _, s in self.builds), 3), "kernels": kernels,
+                "examples": self.examples}
 
 
 def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from step_profile import PhaseTimers, kernel_table
+from step_profile import PhaseTimers, TritonCompileWatch, kernel_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -91,55 +91,73 @@ def warm_up(llm, prompts, count: int = 16) -> None:
 
 
 def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
-    """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy."""
+    """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy.
+
+    With ``--repeat R`` the same engine then runs the workload R - 1 more times; their throughputs go
+    into ``repeats`` (the first run's figures stay the result), which separates what a first run pays
+    once (kernel variants built, caches filled) from the steady state.
+    """
     llm = make_llm(args, num_scheduler_steps)
     engine = llm.llm_engine
     kind = RequestOutputKind[getattr(args, "output_kind", "final_only").upper()]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, output_kind=kind) for n in outputs]
     warm_up(llm, prompts)
+    result = timed_run(engine, prompts, outputs, params, getattr(args, "phase_timers", False), "")
+    result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
+                         for r in range(1, getattr(args, "repeat", 1))]
+    result.update({"num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
+                   "weights_bytes": engine.runner.weights_bytes,
+                   "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
+                   "hf_config": engine.config.hf_config, "hf_model_dir": engine.config.model_dir,
+                   "device": engine.config.device, "dtype": str(engine.config.dtype)})
+    return result
+
+
+def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: str) -> dict:
+    """One timed pass of the workload through ``engine``: its throughput, latencies and KV occupancy."""
     produced, steps, occupancy, metrics = 0, 0, [], {}
     engine.device_wait_seconds = 0.0
-    timers = PhaseTimers(engine) if getattr(args, "phase_timers", False) else None
-    start = time.perf_counter()
-    for i, (prompt, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, sp)
-    decode_steps = []  # wall seconds of steps taken once every prompt is admitted
-    admitted = False
-    last = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            produced += sum(len(o.token_ids) for o in out.outputs)
-            if out.finished:
-                metrics[out.request_id] = out.metrics
-        steps += 1
-        now = time.perf_counter()
-        # get_stats() walks every running request: every 8th step only once all are admitted, so that the
-        # benchmark's own bookkeeping stays out of the step time it measures
-        if not admitted or steps % OCCUPANCY_EVERY == 0:
-            stats = engine.get_stats()
-            admitted = stats.num_waiting == 0 and stats.num_allocated_slots > 0
+    windows_before, ahead_before = engine.num_multi_step_windows, engine.num_steps_ahead
+    timers = PhaseTimers(engine) if phase_timers else None
+    with TritonCompileWatch() as builds:
+        start = time.perf_counter()
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            engine.add_request(f"{id_prefix}{i}", prompt, sp)
+        decode_steps = []  # wall seconds of steps taken once every prompt is admitted
+        admitted = False
+        last = time.perf_counter()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                produced += sum(len(o.token_ids) for o in out.outputs)
+                if out.finished:
+                    metrics[int(out.request_id[len(id_prefix):])] = out.metrics
+            steps += 1
+            now = time.perf_counter()
+            # get_stats() walks every running request: every 8th step only once all are admitted, so that the
+            # benchmark's own bookkeeping stays out of the step time it measures
+            if not admitted or steps % OCCUPANCY_EVERY == 0:
+                stats = engine.get_stats()
+                admitted = stats.num_waiting == 0 and stats.num_allocated_slots > 0
+                if admitted:
+                    occupancy.append(stats.num_live_tokens / stats.num_allocated_slots)
             if admitted:
-                occupancy.append(stats.num_live_tokens / stats.num_allocated_slots)
-        if admitted:
-            decode_steps.append(now - last)
-        last = now
-    elapsed = time.perf_counter() - start
+                decode_steps.append(now - last)
+            last = now
+        elapsed = time.perf_counter() - start
     assert produced == sum(outputs), "the engine produced a different number of tokens than requested"
     ttft = sorted(m["first_token"] - m["arrival"] for m in metrics.values())
-    tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[int(k)] - 1, 1) for k, m in metrics.items())
+    tpot = sorted((m["finished"] - m["first_token"]) / max(outputs[k] - 1, 1) for k, m in metrics.items())
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed, "steps": steps,
             "device_wait_s": engine.device_wait_seconds,
             "median_step_ms_all_admitted": 1000 * sorted(decode_steps)[len(decode_steps) // 2] if decode_steps else None,
-            "steps_launched_ahead": engine.num_steps_ahead, "num_scheduler_steps": num_scheduler_steps,
-            "multi_step_windows": engine.num_multi_step_windows, "output_kind": kind.name.lower(),
+            "steps_launched_ahead": engine.num_steps_ahead - ahead_before,
+            "multi_step_windows": engine.num_multi_step_windows - windows_before,
+            "triton_builds_in_timed_run": builds.report(),
             "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
             "kv_slot_occupancy_min": min(occupancy, default=None),
-            "kv_slot_occupancy_mean": sum(occupancy) / len(occupancy) if occupancy else None,
-            "weights_bytes": engine.runner.weights_bytes, "kv_bytes_per_token": engine.runner.bytes_per_block
-            // engine.config.cache.block_size, "hf_config": engine.config.hf_config,
-            "hf_model_dir": engine.config.model_dir, "device": engine.config.device, "dtype": str(engine.config.dtype)}
+            "kv_slot_occupancy_mean": sum(occupancy) / len(occupancy) if occupancy else None}
 
 
 def profile_steps(args, prompts, outputs) -> dict:
@@ -243,6 +261,8 @@ def main() -> None:
     parser.add_argument("--output-kind", choices=["final_only", "delta"], default="final_only",
                         help="SamplingParams.output_kind of the measured requests: one output per request, as "
                              "LLM.generate (and vLLM's throughput benchmark) asks for, or every step's deltas")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the workload this many times on the same engine (the first is the result)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.decode_programs_per_sm is not None:
@@ -295,6 +315,11 @@ def print_tessera(ours: dict, roof: dict) -> None:
     print(f"  median TTFT {ours['median_ttft_s']:.3f} s, median TPOT {ours['median_tpot_ms']:.2f} ms, "
           f"P99 TPOT {ours['p99_tpot_ms']:.2f} ms; median step once all are admitted "
           f"{ours['median_step_ms_all_admitted']:.2f} ms; {ours['steps_launched_ahead']} steps launched ahead")
+    builds = ours["triton_builds_in_timed_run"]
+    print(f"  Triton kernel variants built inside the timed run: {builds['count']} ({builds['seconds']:.2f} s) "
+          f"{builds['kernels']}")
+    if ours["repeats"]:
+        print("  repeats on the same engine, output tok/s:", [round(x) for x in ours["repeats"]])
     if ours["phase_seconds"]:
         print("  host seconds per phase:", ours["phase_seconds"])
     if ours["kv_slot_occupancy_min"] is not None:

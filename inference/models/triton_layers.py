@@ -225,23 +225,61 @@ def _silu_and_mul_fp8_kernel(
     codes_ptr,   # [T, I] float8_e4m3fn, contiguous
     scales_ptr,  # [T] float32
     stride_x, inter_size,
-    FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr,
+    FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    ROW_IN_REGISTERS: tl.constexpr,
 ):
-    # One program per token, two passes over its row: the largest |silu(gate) * up| (rounded to the
-    # input dtype), then the codes (the row is recomputed rather than held: I runs to 29,568).
+    # One program per token. ROW_IN_REGISTERS: the row is read once and held as a BLOCK-wide head tile and
+    # a BLOCK_TAIL-wide tail (BLOCK + BLOCK_TAIL >= I); otherwise two passes over BLOCK-wide tiles, the
+    # largest |silu(gate) * up| (rounded to the input dtype) first, then the codes, the row read twice.
     token = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c0 in range(0, inter_size, BLOCK):
-        cols = c0 + tl.arange(0, BLOCK)
-        y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, cols < inter_size).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(y))
-    scale = fp8_row_scale(tl.max(amax, 0), FP8_MAX, MIN_SCALE)
-    tl.store(scales_ptr + token, scale)
-    for c0 in range(0, inter_size, BLOCK):
-        cols = c0 + tl.arange(0, BLOCK)
-        mask = cols < inter_size
-        y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, mask).to(tl.float32)
-        tl.store(codes_ptr + token * inter_size + cols, fp8_codes(y, scale, FP8_MAX), mask=mask)
+    if ROW_IN_REGISTERS:
+        cols = tl.arange(0, BLOCK)
+        head = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, cols < inter_size).to(tl.float32)
+        tail_cols = BLOCK + tl.arange(0, BLOCK_TAIL)
+        tail_mask = tail_cols < inter_size
+        tail = _silu_mul_tile(x_ptr, token, stride_x, inter_size, tail_cols, tail_mask).to(tl.float32)
+        scale = fp8_row_scale(tl.maximum(tl.max(tl.abs(head), 0), tl.max(tl.abs(tail), 0)), FP8_MAX, MIN_SCALE)
+        tl.store(scales_ptr + token, scale)
+        tl.store(codes_ptr + token * inter_size + cols, fp8_codes(head, scale, FP8_MAX), mask=cols < inter_size)
+        tl.store(codes_ptr + token * inter_size + tail_cols, fp8_codes(tail, scale, FP8_MAX), mask=tail_mask)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for c0 in range(0, inter_size, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, cols < inter_size).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(y))
+        scale = fp8_row_scale(tl.max(amax, 0), FP8_MAX, MIN_SCALE)
+        tl.store(scales_ptr + token, scale)
+        for c0 in range(0, inter_size, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            mask = cols < inter_size
+            y = _silu_mul_tile(x_ptr, token, stride_x, inter_size, cols, mask).to(tl.float32)
+            tl.store(codes_ptr + token * inter_size + cols, fp8_codes(y, scale, FP8_MAX), mask=mask)
+
+
+# The widest SwiGLU row the FP8 kernel holds in registers (16 warps, at most 64 float32 values per thread);
+# wider rows, none of the registered shapes' (Qwen2.5-72B's I is 29,568), are read twice.
+_FP8_ROW_IN_REGISTERS_MAX = 32768
+
+
+def _silu_and_mul_fp8_launch(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, inter: int,
+                             row_in_registers: bool | None = None) -> None:
+    # row_in_registers: None chooses by the width; benchmarks/kernels.py times both ways.
+    if row_in_registers is None:
+        row_in_registers = inter <= _FP8_ROW_IN_REGISTERS_MAX
+    if row_in_registers:
+        # Read once. With the two-pass loop, W1's decode (256 rows, I = 18,944) took 22 us per call on
+        # the H200 (session 7's kernel table), several times its bytes' worth.
+        head = 1 << (inter.bit_length() - 1)  # the largest power of two <= I
+        tail = max(triton.next_power_of_2(inter - head), 16)
+        num_warps = 16 if inter > 8192 else 8 if inter > 2048 else 4
+        _silu_and_mul_fp8_kernel[(x2.shape[0],)](x2, codes, scales, x2.stride(0), inter, FP8_MAX=FP8_MAX,
+                                                 MIN_SCALE=_MIN_SCALE, BLOCK=head, BLOCK_TAIL=tail,
+                                                 ROW_IN_REGISTERS=True, num_warps=num_warps)
+    else:
+        _silu_and_mul_fp8_kernel[(x2.shape[0],)](x2, codes, scales, x2.stride(0), inter, FP8_MAX=FP8_MAX,
+                                                 MIN_SCALE=_MIN_SCALE, BLOCK=2048, BLOCK_TAIL=16,
+                                                 ROW_IN_REGISTERS=False, num_warps=8)
 
 
 def silu_and_mul(x: torch.Tensor, fp8_out: bool = False) -> torch.Tensor | Fp8Activation:
@@ -265,12 +303,7 @@ def silu_and_mul(x: torch.Tensor, fp8_out: bool = False) -> torch.Tensor | Fp8Ac
         codes = torch.empty((x2.shape[0], inter), dtype=FP8_DTYPE, device=x.device)
         scales = torch.empty((x2.shape[0], 1), dtype=torch.float32, device=x.device)
         if x2.shape[0]:
-            # One program per row, 2048-wide tiles and 8 warps (W1's profile: 22 us per call for 19 MB read
-            # twice). A 4096-wide tile with 16 warps was measured on the H200 and did not shorten W1's
-            # decode step (10.89 ms against 10.83), so the narrower tile stays.
-            block = min(triton.next_power_of_2(inter), 2048)
-            _silu_and_mul_fp8_kernel[(x2.shape[0],)](x2, codes, scales, x2.stride(0), inter, FP8_MAX=FP8_MAX,
-                                                     MIN_SCALE=_MIN_SCALE, BLOCK=block, num_warps=8)
+            _silu_and_mul_fp8_launch(x2, codes, scales, inter)
         return Fp8Activation(codes, scales, x.dtype)
     out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
     if x2.shape[0]:

@@ -70,8 +70,12 @@ def test_rms_norm_with_fp8_out_equals_quantizing_its_16_bit_output(residual, dty
     _assert_same_activation(got, expected)
 
 
-@pytest.mark.parametrize("inter", [100, 5000])  # 5000: two 4096-wide tiles per pass, the last one partial
-def test_silu_and_mul_with_fp8_out_equals_quantizing_its_16_bit_output(inter):
+@pytest.mark.parametrize("row_in_registers", [True, False], ids=["one_read", "two_passes"])
+@pytest.mark.parametrize("inter", [64, 100, 5000])  # 64: no tail; 5000: a 4096 head and a partial tail, or
+def test_silu_and_mul_with_fp8_out_equals_quantizing_its_16_bit_output(inter, row_in_registers, monkeypatch):
+    # ... three 2048-wide tiles per pass, the last one partial
+    if not row_in_registers:
+        monkeypatch.setattr(triton_layers, "_FP8_ROW_IN_REGISTERS_MAX", 32)
     torch.manual_seed(inter)
     x = (torch.randn(3, 2 * inter, device=DEVICE) * 3).to(torch.bfloat16)
     x[1] = 0.0  # a zero row: smallest scale, zero codes
