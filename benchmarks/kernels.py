@@ -147,19 +147,29 @@ def layer_cases(tokens: int, dtype) -> list[dict]:
              triton=lambda: tl_layers.silu_and_mul(gate_up), torch=lambda: silu_and_mul(gate_up),
              bytes=3 * tokens * INTER * e),
         # SwiGLU quantized per token for the FP8 down projection: the row read once ("triton") against
-        # the two-pass kernel it replaced ("torch" column), same codes and scales.
+        # the two-pass kernel it replaced ("torch" column), then 32 warps against the default 16; same
+        # codes and scales.
         dict(name=f"silu_and_mul_fp8_one_read_vs_two_passes_t{tokens}", shape=dict(tokens=tokens, inter=INTER),
              triton=lambda: tuple(tl_layers.silu_and_mul(gate_up, fp8_out=True)[:2]),
-             torch=lambda: _silu_and_mul_fp8_two_passes(tl_layers, gate_up),
-             bytes=2 * tokens * INTER * e + tokens * INTER),
+             torch=lambda: _silu_and_mul_fp8_variant(gate_up, False, 8), bytes=2 * tokens * INTER * e + tokens * INTER),
+        dict(name=f"silu_and_mul_fp8_one_read_w32_vs_w16_t{tokens}", shape=dict(tokens=tokens, inter=INTER),
+             triton=lambda: _silu_and_mul_fp8_variant(gate_up, True, 32),
+             torch=lambda: _silu_and_mul_fp8_variant(gate_up, True, 16), bytes=2 * tokens * INTER * e + tokens * INTER),
     ]
 
 
-def _silu_and_mul_fp8_two_passes(tl_layers, gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_and_mul_fp8_variant(gate_up: torch.Tensor, row_in_registers: bool, num_warps: int):
+    """``(codes, scales)`` of the FP8 SwiGLU kernel launched with the given layout and warps."""
+    import triton
+    from inference.models.triton_layers import _silu_and_mul_fp8_kernel
     inter = gate_up.shape[1] // 2
     codes = torch.empty((gate_up.shape[0], inter), dtype=torch.float8_e4m3fn, device=gate_up.device)
     scales = torch.empty((gate_up.shape[0], 1), dtype=torch.float32, device=gate_up.device)
-    tl_layers._silu_and_mul_fp8_launch(gate_up, codes, scales, inter, row_in_registers=False)
+    head = 1 << (inter.bit_length() - 1) if row_in_registers else 2048
+    tail = max(triton.next_power_of_2(inter - head), 16) if row_in_registers else 16
+    _silu_and_mul_fp8_kernel[(gate_up.shape[0],)](gate_up, codes, scales, gate_up.stride(0), inter, FP8_MAX=448.0,
+                                                  MIN_SCALE=1e-12, BLOCK=head, BLOCK_TAIL=tail,
+                                                  ROW_IN_REGISTERS=row_in_registers, num_warps=num_warps)
     return codes, scales
 
 
@@ -170,7 +180,7 @@ def _check(case: dict, dtype) -> tuple[bool, float]:
     ok, err = True, 0.0
     for g, e in zip(got, expected):
         err = max(err, (g.float() - e.float()).abs().max().item())
-        ok = ok and bool(torch.isfinite(g).all()) and torch.allclose(g.float(), e.float(), **TOL[dtype])
+        ok = ok and bool(torch.isfinite(g.float()).all()) and torch.allclose(g.float(), e.float(), **TOL[dtype])
     return ok, err
 
 

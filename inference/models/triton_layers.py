@@ -262,12 +262,8 @@ def _silu_and_mul_fp8_kernel(
 _FP8_ROW_IN_REGISTERS_MAX = 32768
 
 
-def _silu_and_mul_fp8_launch(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, inter: int,
-                             row_in_registers: bool | None = None) -> None:
-    # row_in_registers: None chooses by the width; benchmarks/kernels.py times both ways.
-    if row_in_registers is None:
-        row_in_registers = inter <= _FP8_ROW_IN_REGISTERS_MAX
-    if row_in_registers:
+def _silu_and_mul_fp8_launch(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, inter: int) -> None:
+    if inter <= _FP8_ROW_IN_REGISTERS_MAX:
         # Read once. With the two-pass loop, W1's decode (256 rows, I = 18,944) took 22 us per call on
         # the H200 (session 7's kernel table), several times its bytes' worth.
         head = 1 << (inter.bit_length() - 1)  # the largest power of two <= I
