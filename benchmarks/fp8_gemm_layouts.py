@@ -6,11 +6,16 @@ against split-K (``torch._scaled_grouped_mm`` over 2, 4 or 8 slices of K, partia
 2.8 TB/s (``kernel_profile_w1_bf16_fp8_h200_session7.json``); with T the short side, the swapped order puts
 the token dimension in cuBLAS's N tile, so that one tile column may read each weight once.
 
+With ``--triton-sweep``, up to 256 rows, also the Triton FP8 GEMM (``triton_fp8_gemm``) over a grid of
+tiles and K splits (``triton_bm{M}_bn{N}_sk{S}``; the best one printed per row count).
+
 Each case is checked against the float32 emulation of both quantized operands (``rel_err``), and timed
 as ``quant_kernels.py`` does: CUDA graph replay over enough weight copies that L2 cannot hold them.
 The per-token activation quantization is done once, outside the timing (the same for both orders).
 
     python benchmarks/fp8_gemm_layouts.py --model .gpucache/qwen2.5-7b --output-json OUT.json  # H200
+    python benchmarks/fp8_gemm_layouts.py --model .gpucache/qwen2.5-7b --triton-sweep --batch-sizes 16 64 128 256 \
+        --no-layouts --output-json OUT.json
 """
 from __future__ import annotations
 
@@ -57,8 +62,26 @@ def _orders(xq, xs):
             **{f"fp8_splitk{n}": split_k(n) for n in (2, 4, 8)}}
 
 
-def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
-    """Check and time bf16 and both FP8 operand orders on one linear shape at each row count."""
+def _triton_configs(T: int) -> dict:
+    """``{name: Fp8GemmConfig}``: the sweep's grid for ``T`` rows (none above 256)."""
+    from inference.quantization.triton_fp8_gemm import Fp8GemmConfig
+    if T > 256:
+        return {}
+    block_ms = [16] if T <= 16 else [64] if T <= 64 else [64, 128]
+    return {f"triton_bm{bm}_bn{bn}_sk{sk}": Fp8GemmConfig(bm, bn, sk, num_warps=8 if bm == 128 else 4)
+            for bm in block_ms for bn in (64, 128) for sk in (1, 2, 4, 8)}
+
+
+def _triton_calls(xq, xs, N: int, configs: dict) -> dict:
+    """``{name: call(weight codes, weight scales) -> [T, N]}`` of the Triton FP8 GEMM, one per config."""
+    from inference.quantization.triton_fp8_gemm import fp8_gemm
+    counters = torch.zeros(4096 + N, dtype=torch.int32, device="cuda")  # shared: each call leaves them zero
+    return {name: (lambda w, ws, c=c: fp8_gemm(xq, xs, w, ws, c, counters=counters)) for name, c in configs.items()}
+
+
+def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], layouts: bool = True,
+                triton_sweep: bool = False) -> dict:
+    """Check and time bf16 and the FP8 variants on one linear shape at each row count."""
     copies = max(1, min(32, math.ceil(ROTATE_BYTES / (K * N))))
     g = torch.Generator(device="cuda").manual_seed(K * 7 + N)
     weights = [(torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
@@ -70,18 +93,26 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
         ref = (xq.float() * xs) @ (fp8[0][0].float() * fp8[0][1]).t()
         row = {"bf16": {"ms": _graph_ms([lambda w=w: F.linear(x, w) for w in weights])}}
         row["bf16"]["weight_GBps"] = 2 * K * N / row["bf16"]["ms"] / 1e6
-        for kernel, fn in _orders(xq, xs).items():
+        calls = _orders(xq, xs) if layouts else {"fp8": _orders(xq, xs)["fp8"]}
+        if triton_sweep:
+            calls.update(_triton_calls(xq, xs, N, _triton_configs(T)))
+        for kernel, fn in calls.items():
             try:
                 err = _rel_err(fn(fp8[0][0], fp8[0][1].view(-1)), ref)
                 ms = _graph_ms([lambda c=c, s=s, fn=fn: fn(c, s.view(-1)) for c, s in fp8])
-            except (RuntimeError, AttributeError) as exc:  # e.g. a row count cuBLASLt refuses in that order
+            except (RuntimeError, AttributeError, ValueError) as exc:  # e.g. a row count cuBLASLt refuses in that order
                 row[kernel] = {"error": str(exc).splitlines()[0][:200]}
                 continue
             row[kernel] = {"ms": ms, "weight_GBps": K * N / ms / 1e6, "rel_err": err, "ok": err < 2e-2}
         result["rows"][str(T)] = row
+        shown = {k: v for k, v in row.items() if not k.startswith("triton_")}
+        tried = {k: v for k, v in row.items() if k.startswith("triton_") and v.get("ok")}
+        if tried:
+            best = min(tried, key=lambda k: tried[k]["ms"])
+            shown[best] = tried[best]
         print(f"{name:>8} T={T:5d}: " + "  ".join(
             f"{k} {v['ms'] * 1000:8.1f} us ({v['weight_GBps']:5.0f} GB/s{'' if v.get('ok', True) else ' WRONG'})"
-            if "ms" in v else f"{k} error" for k, v in row.items()), flush=True)
+            if "ms" in v else f"{k} error" for k, v in shown.items()), flush=True)
     return result
 
 
@@ -89,6 +120,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-7b", help="its config gives the shapes; weights are random")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 128, 256, 512, 2048])
+    parser.add_argument("--triton-sweep", action="store_true", help="also the Triton FP8 GEMM's configs")
+    parser.add_argument("--no-layouts", action="store_true", help="skip the swapped and split-K cuBLASLt variants")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -98,7 +131,8 @@ def main() -> None:
     shapes = {k: v for k, v in linear_shapes(model_config(args.model)).items() if k != "lm_head"}
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "model": args.model,
-              "shapes": {name: bench_shape(name, K, N, args.batch_sizes) for name, (K, N) in shapes.items()}}
+              "shapes": {name: bench_shape(name, K, N, args.batch_sizes, not args.no_layouts, args.triton_sweep)
+                         for name, (K, N) in shapes.items()}}
     write_result(result, args.output_json, "fp8_gemm_layouts.json")
 
 

@@ -23,6 +23,7 @@
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
 #   fp8-layouts   torch._scaled_mm in both operand orders vs bf16, per linear shape and row count
+#   fp8-triton-sweep  the Triton FP8 GEMM's tile/split grid against torch._scaled_mm, 16-256 rows
 #   gpu-fp8   the FP8 and fused-layer kernel tests on the GPU (pytest, CUDA shapes)
 #   gpu-w4a16 the W4A16 kernel and AWQ/GPTQ format tests on the GPU
 #   w1-prof, w1-fp8-prof   W1's kernel table over 16 decode steps once all 256 are admitted, bf16 / fp8
@@ -73,6 +74,8 @@ for step in "$@"; do
   w1) run_step w1 130 python3 benchmarks/throughput.py $W1 --model $M7 --output-json "$OUT/w1.json" ;;
   w1-fp8) run_step w1-fp8 130 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \
       --output-json "$OUT/w1_fp8.json" ;;
+  fp8-triton-sweep) run_step fp8-triton-sweep 400 python3 benchmarks/fp8_gemm_layouts.py --model $M7 --triton-sweep \
+      --no-layouts --batch-sizes 16 64 128 256 --output-json "$OUT/fp8_gemm_triton_sweep.json" ;;
   fp8-layouts) run_step fp8-layouts 200 python3 benchmarks/fp8_gemm_layouts.py --model $M7 \
       --output-json "$OUT/fp8_gemm_layouts.json" ;;
   stash-a) cp .devcarry/a/gguf.partaa /tmp/gguf.partaa && ls -la /tmp/gguf.partaa ;;  # for ppl-fp8 in the next call
@@ -120,7 +123,8 @@ for step in "$@"; do
   gpu-w4a16) run_step gpu-w4a16 240 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_w4a16.py \
       tests/inference/test_quantization_formats.py -k "w4a16 or decode or awq or gptq" ;;
   gpu-fp8) run_step gpu-fp8 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_fp8.py \
-      tests/inference/test_quantization_formats.py tests/inference/test_triton_kernels.py -k "fp8 or rms or silu" ;;
+      tests/inference/test_triton_fp8_gemm.py tests/inference/test_quantization_formats.py \
+      tests/inference/test_triton_kernels.py -k "fp8 or rms or silu" ;;
   w1-prof) run_step w1-prof 200 python3 benchmarks/throughput.py $W1 --model $M7 --profile-steps 16 \
       --output-json "$OUT/w1_profile.json" ;;
   w1-fp8-prof) run_step w1-fp8-prof 200 python3 benchmarks/throughput.py $W1 --model $M7 --quantization fp8 \

@@ -1,0 +1,133 @@
+"""Triton FP8 GEMM with row-wise scales and split-K, for the few-row products of decode steps.
+
+``out [M, N] = (a [M, K] @ b [N, K]^T) * a_scale[:, None] * b_scale[None, :] + bias``: ``a`` the per-token
+e4m3 codes of the activations, ``b`` the e4m3 codes of the weight (row-major ``[N, K]``, as the layer keeps
+them), both K-contiguous, multiplied on FP8 tensor cores (wgmma on Hopper) into float32. It computes what
+``torch._scaled_mm`` computes for the FP8 linear layer (``fp8.Fp8LinearMethod``), with the bias added in
+float32 rather than in the output dtype.
+
+Why: at 256 rows cuBLASLt's FP8 kernels for the layers whose output is the hidden size (Qwen2.5-7B's o and
+down projections) tile the output with 128 x 128 blocks, 56 of them on 132 SMs, and run at about a third of
+the FP8 rate (``fp8_gemm_layouts_h200_session10.json``). Splitting K gives every SM work: the float32 partial
+sums go to a workspace, and the last split of each output tile to arrive adds them in split order (the
+W4A16 decode kernel's epilogue, ``triton_w4a16_decode._finish``). Which layers and row counts take this
+kernel is decided by ``fp8_gemm_config`` from the H200 sweep in ``benchmarks/fp8_gemm_layouts.py``.
+
+Importing this module imports Triton.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_w4a16_decode import _finish
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr,         # [M, K] float8_e4m3fn, row stride stride_am, unit column stride
+    a_scale_ptr,   # [M] float32 (the [M, 1] per-token scales)
+    b_ptr,         # [N, K] float8_e4m3fn, row stride stride_bn, unit column stride
+    b_scale_ptr,   # [N] float32 per-output-channel scales
+    bias_ptr,      # [N] any float dtype (HAS_BIAS)
+    partial_ptr,   # [SPLIT_K, M, N] float32 workspace (SPLIT_K > 1)
+    counter_ptr,   # [>= cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)] int32, zero on entry, left zero (SPLIT_K > 1)
+    out_ptr,       # [M, N] output dtype, contiguous
+    M, N, K, stride_am, stride_bn, tiles_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    # Program (output column tile, row tile, K split): K tiles [pid_k * tiles_per_split, ...).
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    b_rows = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn
+    first = pid_k * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in tl.range(first, last):
+        k = t * BLOCK_K + offs_k
+        if EVEN_K:
+            a = tl.load(a_rows + k[None, :], mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_rows + k[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+            b = tl.load(b_rows + k[None, :], mask=mask_n[:, None] & (k < K)[None, :], other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+    a_scale = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
+    b_scale = tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0)
+    acc = acc * a_scale[:, None] * b_scale[None, :]
+    _finish(acc, pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
+            partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """Launch parameters: row and column tile, K split, warps, pipeline stages (K tiles of 128)."""
+
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    block_k: int = 128
+
+
+def counters_size(M: int, N: int, config: Fp8GemmConfig) -> int:
+    """Split-K arrival counters (int32) one call with ``M`` rows and ``N`` outputs needs."""
+    return triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+
+
+def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+             config: Fp8GemmConfig, bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+             counters: torch.Tensor | None = None) -> torch.Tensor:
+    """``(a @ b^T) * a_scale * b_scale^T + bias`` on FP8 tensor cores; ``[M, N]`` in ``out_dtype``.
+
+    Args:
+        a: ``[M, K]`` float8_e4m3fn codes, unit column stride; a_scale: ``[M, 1]`` (or ``[M]``) float32.
+        b: ``[N, K]`` float8_e4m3fn codes, unit column stride; b_scale: ``[N]`` (or ``[N, 1]``) float32.
+        config: tiles and K split (``Fp8GemmConfig``).
+        bias: ``[N]``, added in float32. counters: ``[>= counters_size(M, N, config)]`` int32 zeros, kept
+            between calls (the kernel leaves them zero); allocated per call when None.
+    Raises:
+        ValueError: on mismatched shapes, non-FP8 operands, or too few counters.
+    """
+    M, K = a.shape
+    N = b.shape[0]
+    if b.shape[1] != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"FP8 GEMM: a {tuple(a.shape)} {a.dtype} and b {tuple(b.shape)} {b.dtype} must be "
+                         "float8_e4m3fn [M, K] and [N, K]")
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("FP8 GEMM: both operands need a unit column stride")
+    if a_scale.numel() != M or b_scale.numel() != N:
+        raise ValueError(f"FP8 GEMM: {a_scale.numel()} row scales for {M} rows, {b_scale.numel()} column scales "
+                         f"for {N} columns")
+    k_tiles = triton.cdiv(K, config.block_k)
+    tiles_per_split = triton.cdiv(k_tiles, config.split_k)
+    split_k = triton.cdiv(k_tiles, tiles_per_split)
+    grid = (triton.cdiv(N, config.block_n), triton.cdiv(M, config.block_m), split_k)
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    partial = out
+    if split_k > 1:
+        partial = torch.empty((split_k, M, N), dtype=torch.float32, device=a.device)
+        if counters is None:
+            counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=a.device)
+        if counters.numel() < grid[0] * grid[1]:
+            raise ValueError(f"FP8 GEMM: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    if M:
+        _fp8_gemm_kernel[grid](
+            a, a_scale, b, b_scale, bias if bias is not None else out, partial,
+            counters if counters is not None else out, out, M, N, K, a.stride(0), b.stride(0), tiles_per_split,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k,
+            HAS_BIAS=bias is not None, EVEN_K=K % config.block_k == 0,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
