@@ -6,11 +6,13 @@ Reference (the CPU path, and the oracle of the tests): quantize both operands ex
 does, dequantize them, and multiply in float32. On CUDA the activations are quantized by one fused
 Triton kernel (``triton_fp8.per_token_fp8``, equal to ``quantize_fp8_rowwise``); the weights are kept
 row-major ``[N, K]``, so ``weight.t()`` is the column-major ``[K, N]`` operand ``torch._scaled_mm`` wants
-(no copy per call), with ``scale_a [T, 1]`` and ``scale_b [1, N]`` float32 and a bfloat16 output. The
-engine itself refuses ``quantization="fp8"`` without FP8 tensor cores (``check_fp8_supported``).
+(no copy per call), with ``scale_a [T, 1]`` and ``scale_b [1, N]`` float32 and a bfloat16 output. Decode
+steps of up to 256 tokens take a Triton FP8 GEMM with split-K instead where it is faster
+(``triton_fp8_gemm.fp8_gemm_config``). The engine itself refuses ``quantization="fp8"`` without FP8 tensor cores (``check_fp8_supported``).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -69,6 +71,11 @@ def quantize_fp8_rowwise(x: torch.Tensor, row_max: torch.Tensor | None = None) -
     return codes, scales
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 class Fp8LinearMethod(LinearMethodBase):
     """W8A8 FP8 with per-output-channel weight scales and dynamic per-token activation scales.
 
@@ -106,6 +113,13 @@ class Fp8LinearMethod(LinearMethodBase):
             codes, scales = quantize_fp8_rowwise(layer.weight, row_max)
         layer.replace("weight", codes)
         layer.replace("weight_scale", scales.reshape(-1))
+        if codes.is_cuda:
+            from .triton_fp8_gemm import max_counters_size
+            # The Triton GEMM's split-K arrival counters: zero between calls (the kernel resets them).
+            layer.register_buffer("fp8_split_k_counters", torch.zeros(
+                max_counters_size(layer.weight.shape[0]), dtype=torch.int32, device=codes.device), persistent=False)
+        else:
+            layer.fp8_split_k_counters = None
 
     takes_fp8_activations = True  # the producer of x may quantize it (``Fp8Activation``)
 
@@ -119,6 +133,12 @@ class Fp8LinearMethod(LinearMethodBase):
             (x_codes, x_scales), dtype = quantize_fp8_rowwise(x), x.dtype
         bias = layer.fused_bias
         if x_codes.is_cuda:
+            from .triton_fp8_gemm import fp8_gemm, fp8_gemm_config
+            config = fp8_gemm_config(x_codes.shape[0], layer.weight.shape[0], layer.weight.shape[1],
+                                     _num_sms(x_codes.device))
+            if config is not None:  # few rows: the Triton kernel (bias added in float32)
+                return fp8_gemm(x_codes, x_scales, layer.weight, layer.weight_scale, config, bias=bias,
+                                out_dtype=dtype, counters=layer.fp8_split_k_counters)
             # A row-major [T, K] times the column-major view [K, N] of the row-major weight; the bias
             # is added in the GEMM's epilogue (bfloat16, the output dtype).
             out = torch._scaled_mm(x_codes, layer.weight.t(), scale_a=x_scales,

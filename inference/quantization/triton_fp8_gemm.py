@@ -82,9 +82,50 @@ class Fp8GemmConfig:
     block_k: int = 128
 
 
+MAX_ROWS = 256  # fp8_gemm_config gives no config above this many rows
+
+
 def counters_size(M: int, N: int, config: Fp8GemmConfig) -> int:
     """Split-K arrival counters (int32) one call with ``M`` rows and ``N`` outputs needs."""
     return triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+
+
+def max_counters_size(N: int) -> int:
+    """Counters enough for every config ``fp8_gemm_config`` gives a layer of ``N`` outputs."""
+    return triton.cdiv(MAX_ROWS, 16) * triton.cdiv(N, 64)
+
+
+def fp8_gemm_config(M: int, N: int, K: int, num_sms: int) -> Fp8GemmConfig | None:
+    """The Triton kernel's config for ``[M, K] @ [N, K]^T``, or None where ``torch._scaled_mm`` is faster.
+
+    Fitted to the H200 sweep of the Qwen2.5-7B shapes (``fp8_gemm_layouts.py --triton-sweep``,
+    ``benchmarks/results/fp8_gemm_triton_sweep_h200_session11.json``; microseconds, Triton against cuBLASLt):
+
+    - up to 16 rows, 16 x 64 tiles, K split until the tiles fill 1.5 waves of SMs: every shape (qkv 8.9
+      against 12.4, o 8.0 / 12.5, gate_up 38.2 / 60.6, down 22.7 / 50.3);
+    - up to 64 rows, 64 x 64 tiles, K split 4 ways where K >= 2N (down: 27.5 / 47.9), else whole (qkv
+      10.9 / 12.7, o 10.7 / 12.5, gate_up 41.2 / 55.0);
+    - up to 128 rows, the same except wide layers (N >= 4K: gate_up 51.5 / 48.3 goes to cuBLASLt) and
+      128-row tiles split 4 ways for K >= 2N (down 31.7 / 47.7);
+    - up to 256 rows, only K >= 2N, 128 x 128 tiles split 2 ways (down 41.7 / 48.5; qkv 13.6 / 13.1 and
+      gate_up 90.4 / 63.1 stay on cuBLASLt);
+    - above 256 rows, none.
+    """
+    k_heavy, wide = K >= 2 * N, N >= 4 * K
+    if M <= 16:
+        tiles, split_k, k_tiles = triton.cdiv(N, 64), 1, triton.cdiv(K, 128)
+        while tiles * split_k < 1.5 * num_sms and split_k < 8 and k_tiles >= 6 * split_k:
+            split_k *= 2
+        return Fp8GemmConfig(16, 64, split_k)
+    if M <= 64:
+        return Fp8GemmConfig(64, 64, 4 if k_heavy else 1)
+    if M <= 128:
+        if wide:
+            return None
+        return Fp8GemmConfig(128, 64, 4, num_warps=8) if k_heavy else Fp8GemmConfig(64, 64, 1)
+    if M <= MAX_ROWS and k_heavy:
+        return Fp8GemmConfig(128, 128, 2, num_warps=8)
+    return None
 
 
 def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -111,6 +152,7 @@ def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
     if a_scale.numel() != M or b_scale.numel() != N:
         raise ValueError(f"FP8 GEMM: {a_scale.numel()} row scales for {M} rows, {b_scale.numel()} column scales "
                          f"for {N} columns")
+    a_scale, b_scale = a_scale.reshape(-1).contiguous(), b_scale.reshape(-1).contiguous()
     k_tiles = triton.cdiv(K, config.block_k)
     tiles_per_split = triton.cdiv(k_tiles, config.split_k)
     split_k = triton.cdiv(k_tiles, tiles_per_split)

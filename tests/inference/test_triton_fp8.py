@@ -84,14 +84,15 @@ def test_silu_and_mul_with_fp8_out_equals_quantizing_its_16_bit_output(inter, ro
 
 # ------------------------------------------------------- the FP8 linear on the GPU (torch._scaled_mm)
 @pytest.mark.skipif(not HAS_CUDA, reason="torch._scaled_mm needs FP8 tensor cores")
-@pytest.mark.parametrize("rows", [16, 48, 256])
+@pytest.mark.parametrize("rows", [16, 48, 100, 256, 300])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-def test_fp8_linear_equals_the_product_of_its_quantized_operands(rows, bias):
-    """The GPU GEMM gives the float32 product of the quantized operands (bias included), row-major ``[T, N]``."""
+@pytest.mark.parametrize("K, N", [(512, 768), (4096, 512)], ids=["square", "k_heavy"])
+def test_fp8_linear_equals_the_product_of_its_quantized_operands(rows, bias, K, N):
+    """The GPU GEMM gives the float32 product of the quantized operands (bias included), row-major ``[T, N]``:
+    cuBLASLt or the Triton kernel (whole K, or split: the K-heavy shape up to 256 rows)."""
     from inference.quantization.fp8 import Fp8LinearMethod
     from inference.quantization.linear import QuantizedLinear
 
-    K, N = 512, 768
     g = torch.Generator(device=DEVICE).manual_seed(rows)
     with torch.device(DEVICE):
         layer = QuantizedLinear(K, N, bias, Fp8LinearMethod(), torch.bfloat16)
