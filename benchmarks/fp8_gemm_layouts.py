@@ -62,11 +62,16 @@ def _orders(xq, xs):
             **{f"fp8_splitk{n}": split_k(n) for n in (2, 4, 8)}}
 
 
-def _triton_configs(T: int) -> dict:
-    """``{name: Fp8GemmConfig}``: the sweep's grid for ``T`` rows (none above 256)."""
+def _triton_configs(T: int, wide: bool = False) -> dict:
+    """``{name: Fp8GemmConfig}``: the sweep's grid for ``T`` rows (none above 256). ``wide``: from 129 rows,
+    also 256-row and 256-column tiles and 3 or 4 pipeline stages, whole K or split 2 ways."""
     from inference.quantization.triton_fp8_gemm import Fp8GemmConfig
     if T > 256:
         return {}
+    if wide and T > 128:
+        return {f"triton_bm{bm}_bn{bn}_sk{sk}_st{st}": Fp8GemmConfig(bm, bn, sk, num_warps=8, num_stages=st)
+                for bm in (128, 256) for bn in (64, 128, 256) if bm * bn <= 128 * 256
+                for sk in (1, 2) for st in (3, 4)}
     block_ms = [16] if T <= 16 else [64] if T <= 64 else [64, 128]
     return {f"triton_bm{bm}_bn{bn}_sk{sk}": Fp8GemmConfig(bm, bn, sk, num_warps=8 if bm == 128 else 4)
             for bm in block_ms for bn in (64, 128) for sk in (1, 2, 4, 8)}
@@ -80,7 +85,7 @@ def _triton_calls(xq, xs, N: int, configs: dict) -> dict:
 
 
 def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], layouts: bool = True,
-                triton_sweep: bool = False) -> dict:
+                triton_sweep: bool = False, wide: bool = False) -> dict:
     """Check and time bf16 and the FP8 variants on one linear shape at each row count."""
     copies = max(1, min(32, math.ceil(ROTATE_BYTES / (K * N))))
     g = torch.Generator(device="cuda").manual_seed(K * 7 + N)
@@ -95,12 +100,12 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], layouts: bool
         row["bf16"]["weight_GBps"] = 2 * K * N / row["bf16"]["ms"] / 1e6
         calls = _orders(xq, xs) if layouts else {"fp8": _orders(xq, xs)["fp8"]}
         if triton_sweep:
-            calls.update(_triton_calls(xq, xs, N, _triton_configs(T)))
+            calls.update(_triton_calls(xq, xs, N, _triton_configs(T, wide)))
         for kernel, fn in calls.items():
             try:
                 err = _rel_err(fn(fp8[0][0], fp8[0][1].view(-1)), ref)
                 ms = _graph_ms([lambda c=c, s=s, fn=fn: fn(c, s.view(-1)) for c, s in fp8])
-            except (RuntimeError, AttributeError, ValueError) as exc:  # e.g. a row count cuBLASLt refuses in that order
+            except Exception as exc:  # noqa: BLE001 - e.g. a row count cuBLASLt refuses, a tile over shared memory
                 row[kernel] = {"error": str(exc).splitlines()[0][:200]}
                 continue
             row[kernel] = {"ms": ms, "weight_GBps": K * N / ms / 1e6, "rel_err": err, "ok": err < 2e-2}
@@ -121,6 +126,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-7b", help="its config gives the shapes; weights are random")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 128, 256, 512, 2048])
     parser.add_argument("--triton-sweep", action="store_true", help="also the Triton FP8 GEMM's configs")
+    parser.add_argument("--wide-grid", action="store_true", help="the larger tiles' grid from 129 rows")
     parser.add_argument("--no-layouts", action="store_true", help="skip the swapped and split-K cuBLASLt variants")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
@@ -131,7 +137,8 @@ def main() -> None:
     shapes = {k: v for k, v in linear_shapes(model_config(args.model)).items() if k != "lm_head"}
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "model": args.model,
-              "shapes": {name: bench_shape(name, K, N, args.batch_sizes, not args.no_layouts, args.triton_sweep)
+              "shapes": {name: bench_shape(name, K, N, args.batch_sizes, not args.no_layouts, args.triton_sweep,
+                                                     args.wide_grid)
                          for name, (K, N) in shapes.items()}}
     write_result(result, args.output_json, "fp8_gemm_layouts.json")
 

@@ -24,6 +24,7 @@
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
 #   fp8-layouts   torch._scaled_mm in both operand orders vs bf16, per linear shape and row count
 #   fp8-triton-sweep  the Triton FP8 GEMM's tile/split grid against torch._scaled_mm, 16-256 rows
+#   fp8-triton-wide   the same at 256 rows with larger tiles and 3 or 4 stages
 #   gpu-fp8   the FP8 and fused-layer kernel tests on the GPU (pytest, CUDA shapes)
 #   gpu-w4a16 the W4A16 kernel and AWQ/GPTQ format tests on the GPU
 #   w1-prof, w1-fp8-prof   W1's kernel table over 16 decode steps once all 256 are admitted, bf16 / fp8
@@ -76,6 +77,8 @@ for step in "$@"; do
       --output-json "$OUT/w1_fp8.json" ;;
   fp8-triton-sweep) run_step fp8-triton-sweep 400 python3 benchmarks/fp8_gemm_layouts.py --model $M7 --triton-sweep \
       --no-layouts --batch-sizes 16 64 128 256 --output-json "$OUT/fp8_gemm_triton_sweep.json" ;;
+  fp8-triton-wide) run_step fp8-triton-wide 400 python3 benchmarks/fp8_gemm_layouts.py --model $M7 --triton-sweep \
+      --wide-grid --no-layouts --batch-sizes 256 --output-json "$OUT/fp8_gemm_triton_wide.json" ;;
   fp8-layouts) run_step fp8-layouts 200 python3 benchmarks/fp8_gemm_layouts.py --model $M7 \
       --output-json "$OUT/fp8_gemm_layouts.json" ;;
   stash-a) cp .devcarry/a/gguf.partaa /tmp/gguf.partaa && ls -la /tmp/gguf.partaa ;;  # for ppl-fp8 in the next call
