@@ -107,8 +107,9 @@ def fp8_gemm_config(M: int, N: int, K: int, num_sms: int) -> Fp8GemmConfig | Non
       10.9 / 12.7, o 10.7 / 12.5, gate_up 41.2 / 55.0);
     - up to 128 rows, the same except wide layers (N >= 4K: gate_up 51.5 / 48.3 goes to cuBLASLt) and
       128-row tiles split 4 ways for K >= 2N (down 31.7 / 47.7);
-    - up to 256 rows, only K >= 2N, 128 x 128 tiles split 2 ways (down 41.7 / 48.5; qkv 13.6 / 13.1 and
-      gate_up 90.4 / 63.1 stay on cuBLASLt);
+    - up to 256 rows, only K >= N: 128 x 128 tiles split 2 ways for K >= 2N (down 41.7 / 48.5), else
+      128 x 64 whole (o 11.8 / 12.9, ``fp8_gemm_triton_wide_h200_session11.json``); qkv (13.4 / 12.7)
+      and gate_up (75.7 / 64.2 with the wider grid's best tiles) stay on cuBLASLt;
     - above 256 rows, none.
     """
     k_heavy, wide = K >= 2 * N, N >= 4 * K
@@ -123,8 +124,8 @@ def fp8_gemm_config(M: int, N: int, K: int, num_sms: int) -> Fp8GemmConfig | Non
         if wide:
             return None
         return Fp8GemmConfig(128, 64, 4, num_warps=8) if k_heavy else Fp8GemmConfig(64, 64, 1)
-    if M <= MAX_ROWS and k_heavy:
-        return Fp8GemmConfig(128, 128, 2, num_warps=8)
+    if M <= MAX_ROWS and K >= N:
+        return Fp8GemmConfig(128, 128, 2, num_warps=8) if k_heavy else Fp8GemmConfig(128, 64, 1, num_warps=8)
     return None
 
 

@@ -86,10 +86,11 @@ def test_silu_and_mul_with_fp8_out_equals_quantizing_its_16_bit_output(inter, ro
 @pytest.mark.skipif(not HAS_CUDA, reason="torch._scaled_mm needs FP8 tensor cores")
 @pytest.mark.parametrize("rows", [16, 48, 100, 256, 300])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-@pytest.mark.parametrize("K, N", [(512, 768), (4096, 512)], ids=["square", "k_heavy"])
+@pytest.mark.parametrize("K, N", [(512, 768), (1024, 1024), (4096, 512)], ids=["n_over_k", "square", "k_heavy"])
 def test_fp8_linear_equals_the_product_of_its_quantized_operands(rows, bias, K, N):
     """The GPU GEMM gives the float32 product of the quantized operands (bias included), row-major ``[T, N]``:
-    cuBLASLt or the Triton kernel (whole K, or split: the K-heavy shape up to 256 rows)."""
+    cuBLASLt or the Triton kernel (``fp8_gemm_config``: each shape up to 64 or 128 rows; the square and
+    K-heavy ones, the latter split, up to 256)."""
     from inference.quantization.fp8 import Fp8LinearMethod
     from inference.quantization.linear import QuantizedLinear
 
