@@ -91,7 +91,28 @@ def prefill_case(name: str, batch: list[tuple[int, int]], dtype) -> dict:
                               hq=HQ, hk=HK, d=D),
         triton=lambda: paged_prefill_attention(q, k, v, cache, cu, ctx, table, max_q, scale, out=out),
         torch=lambda: paged_prefill_attention_ref(q, k, v, cache, cu, ctx, table, max_q, scale),
-        flops=4 * D * HQ * pairs)
+        flops=4 * D * HQ * pairs, args=(q, k, v, cache, cu, ctx, table, max_q, scale, out))
+
+
+def mixed_split_case(dtype) -> dict:
+    """A step mixing 128 decodes (context 1,535) with two 512-token chunks after 1,024: the decodes
+    through the decode kernel and the chunks through the prefill kernel, as the backend runs such a
+    step ("triton"), against one prefill-kernel launch for all of them ("torch" column)."""
+    from inference.attention.triton_ops import paged_decode_attention, paged_prefill_attention
+    batch = [(1535, 1)] * 128 + [(1024, 512)] * 2
+    case = prefill_case("mixed_split_128_decodes_then_2x512_after_1024", batch, dtype)
+    q, k, v, cache, cu, ctx, table, max_q, scale, out = case.pop("args")
+    d = 128
+    lens, cu_rest = ctx[:d] + 1, cu[d:] - d
+
+    def split():
+        paged_decode_attention(q[:d], cache, table[:d], lens, scale, out=out[:d], max_seq_len=1536)
+        paged_prefill_attention(q[d:], k[d:], v[d:], cache, cu_rest, ctx[d:], table[d:], max_q, scale, out=out[d:])
+        return out
+    one = torch.empty_like(out)
+    case.update(triton=split, torch=lambda: paged_prefill_attention(q, k, v, cache, cu, ctx, table, max_q, scale,
+                                                                      out=one))
+    return case
 
 
 def store_case(tokens: int, dtype) -> dict:
@@ -242,6 +263,7 @@ def main() -> int:
         lambda: prefill_case("prefill_chunked_8x512_after_512", [(512, 512)] * 8, dtype),
         lambda: prefill_case("mixed_2x512_after_1024_plus_128_decodes_ctx1536",
                              [(1024, 512)] * 2 + [(1535, 1)] * 128, dtype),
+        lambda: mixed_split_case(dtype),
         lambda: store_case(256, dtype),
         lambda: store_case(8192, dtype),
         lambda: layer_cases(256, dtype),

@@ -43,6 +43,10 @@ class AttentionMetadata:
         max_query_len, max_seq_len: host ints bounding the above (tokens).
         decode_only: every request computes one token (the decode kernel, and CUDA graphs, apply).
         num_splits: KV splits of the decode kernel, fixed when a CUDA graph is captured.
+        num_leading_decodes: in a batch that also prefills, how many requests at its head compute one
+            token each (the running decodes, scheduled first): they take the decode kernel.
+        prefill_cu_seqlens_q: ``[B - num_leading_decodes + 1]`` int32 row offsets of the other requests
+            within their rows (``cu_seqlens_q[d:] - d``), when ``num_leading_decodes`` is not 0.
     """
 
     slot_mapping: torch.Tensor
@@ -60,6 +64,8 @@ class AttentionMetadata:
     max_seq_len: int = 0
     decode_only: bool = False
     num_splits: int | None = None
+    num_leading_decodes: int = 0
+    prefill_cu_seqlens_q: torch.Tensor | None = None
 
     @property
     def num_decodes(self) -> int:

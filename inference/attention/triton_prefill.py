@@ -26,12 +26,18 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, mask, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
-    # One FlashAttention-2 update with a [BLOCK_N, BLOCK_D] key/value tile; mask [BLOCK_M, BLOCK_N].
+def _online_softmax_step(q, k, v, mask, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr,
+                         MASKED: tl.constexpr = True):
+    # One FlashAttention-2 update with a [BLOCK_N, BLOCK_D] key/value tile; mask [BLOCK_M, BLOCK_N]
+    # (ignored when not MASKED: every row may see every key of the tile, so no row's maximum is -inf).
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    scores = tl.where(mask, scores, float("-inf"))
+    if MASKED:
+        scores = tl.where(mask, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+    else:
+        m_safe = m_new
     p = tl.exp2(scores - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -85,9 +91,18 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Phase 1: the cached context, through the block table.
+    # Phase 1: the cached context, through the block table; whole tiles unmasked, then the partial one.
     table = block_tables_ptr + b.to(tl.int64) * stride_btb
-    for n0 in range(0, context_len, BLOCK_N):
+    whole = context_len // BLOCK_N * BLOCK_N
+    for n0 in range(0, whole, BLOCK_N):
+        pos = n0 + offs_n
+        blocks = tl.load(table + pos // block_size).to(tl.int64)
+        kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
+                  + h * stride_ch + offs_d[None, :] * stride_cd)
+        k = tl.load(k_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, None, m_i, l_i, acc, qk_scale, DOT_PRECISION, False)
+    for n0 in range(whole, context_len, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < context_len
         blocks = tl.load(table + pos // block_size, mask=n_mask, other=0).to(tl.int64)
@@ -98,9 +113,19 @@ def _prefill_kernel(
         v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
         m_i, l_i, acc = _online_softmax_step(q, k, v, n_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
-    # Phase 2: the new tokens, causally, from k/v; keys past the tile's last token are never needed.
+    # Phase 2: the new tokens from k/v. Key tiles that end at or before the tile's first query token
+    # are visible to all its rows (unmasked); then causally masked tiles up to its last token.
+    first_tok = (tile * BLOCK_M) // group_size
+    below = (first_tok + 1) // BLOCK_N * BLOCK_N
+    for n0 in range(0, below, BLOCK_N):
+        kv_rows = (q_start + n0 + offs_n).to(tl.int64)
+        k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + h * stride_kh + offs_d[None, :] * stride_kd,
+                    mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + h * stride_vh + offs_d[None, :] * stride_vd,
+                    mask=d_mask[None, :], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, None, m_i, l_i, acc, qk_scale, DOT_PRECISION, False)
     last_tok = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group_size, q_len - 1)
-    for n0 in range(0, last_tok + 1, BLOCK_N):
+    for n0 in range(below, last_tok + 1, BLOCK_N):
         key_tok = n0 + offs_n
         n_mask = key_tok < q_len
         nd_mask = n_mask[:, None] & d_mask[None, :]

@@ -173,14 +173,20 @@ def _triton_metadata_arrays(host: HostBatch):
     seq_lens = host.contexts + query_lens
     max_query_len = int(query_lens.max()) if query_lens.size else 0
     arrays = [tables, seq_lens.astype(np.int32), host.contexts, host.starts]
+    # A batch that prefills too: its leading single-token requests (the running decodes) take the
+    # decode kernel, the rest the prefill kernel, whose row tiles then hold no decode rows.
+    leading = int(np.argmax(query_lens != 1)) if max_query_len > 1 else 0
+    if leading:
+        arrays.append((host.starts[leading:] - leading).astype(np.int32))
 
     def build(tensors: list[torch.Tensor], block_size: int) -> AttentionMetadata:
-        block_tables, seq_lens_t, context_lens, cu_seqlens_q = tensors
+        block_tables, seq_lens_t, context_lens, cu_seqlens_q, *prefill_cu = tensors
         empty = block_tables.new_empty(0, dtype=torch.long)
         return AttentionMetadata(
             slot_mapping=None, decode_indices=empty, decode_block_tables=empty, decode_seq_lens=empty,
             prefills=[], block_size=block_size, backend="triton", block_tables=block_tables,
             seq_lens=seq_lens_t, context_lens=context_lens, cu_seqlens_q=cu_seqlens_q,
             max_query_len=max_query_len, max_seq_len=tables.shape[1] * block_size,
-            decode_only=max_query_len == 1)
+            decode_only=max_query_len == 1, num_leading_decodes=leading,
+            prefill_cu_seqlens_q=prefill_cu[0] if prefill_cu else None)
     return arrays, build

@@ -135,8 +135,9 @@ PREFILL_CASES = [
     (8, 8, 128, 32),
 ]
 # (context_len, query_len): fresh prompts, chunks after a prefix hit / earlier chunks (context lengths
-# not multiples of the block size), a one-token prompt, and decode rows.
-MIXED_BATCH = [(0, 37), (45, 20), (31, 1), (0, 1), (64, 1), (17, 33)]
+# not multiples of the block size), a one-token prompt, and decode rows; 150 and 130 tokens give row
+# tiles with whole unmasked key tiles below them, 130 after 64 whole unmasked context tiles too.
+MIXED_BATCH = [(0, 37), (45, 20), (31, 1), (0, 1), (64, 1), (17, 33), (0, 150), (128, 130)]
 GPU_BATCH = [(0, 1024), (512, 512), (1000, 300)] + [
     (n, 1) for n in torch.randint(1, 3000, (40,), generator=torch.Generator().manual_seed(2)).tolist()]
 
@@ -254,3 +255,35 @@ def test_silu_and_mul_matches_reference(dtype, shape):
     x = torch.randn(shape, dtype=dtype, device=DEVICE) * 4
     tol = dict(atol=1e-3, rtol=2e-3) if dtype == torch.float16 else {}  # fp16: one ulp apart at most
     torch.testing.assert_close(triton_layers.silu_and_mul(x), silu_and_mul(x), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mixed_step_sends_its_leading_decodes_to_the_decode_kernel(dtype):
+    """A step that decodes and prefills: the backend splits it (leading decodes to the decode kernel,
+    the rest, a later decode included, to the prefill kernel) and gives the reference's output."""
+    import numpy as np
+
+    from inference.attention.backend import paged_attention
+    from inference.runner.input_batch import HostBatch, device_inputs
+    batch = [(30, 1), (16, 1), (47, 1), (0, 37), (45, 20), (64, 1)]  # (context_len, query_len)
+    block_size, num_heads, num_kv_heads, head_dim = 16, 8, 2, 64
+    totals = [c + n for c, n in batch]
+    table = _block_tables(totals, block_size, num_blocks=40)
+    tables = [table[i, :triton.cdiv(t, block_size)].tolist() for i, t in enumerate(totals)]
+    positions = np.concatenate([np.arange(c, c + n) for c, n in batch])
+    slots = torch.cat([_slots(table[i], c, c + n, block_size) for i, (c, n) in enumerate(batch)]).cpu().numpy()
+    starts = np.concatenate([[0], np.cumsum([n for _, n in batch])]).astype(np.int32)
+    host = HostBatch(np.zeros(len(positions), dtype=np.int64), positions.astype(np.int64), slots.astype(np.int64),
+                     starts, np.asarray([c for c, _ in batch], dtype=np.int32), tables,
+                     starts[1:].astype(np.int64) - 1, {})
+    cache = _paged_cache(40, block_size, num_kv_heads, head_dim, dtype)
+    tokens = int(starts[-1])
+    q = torch.randn(tokens, num_heads, head_dim, device=DEVICE).to(dtype)
+    k, v = (torch.randn(2, tokens, num_kv_heads, head_dim, device=DEVICE)).to(dtype)
+    split = device_inputs(host, block_size, DEVICE, backend="triton").meta
+    assert split.num_leading_decodes == 3
+    reference = device_inputs(host, block_size, DEVICE, backend="torch").meta
+    reference.slot_mapping = split.slot_mapping
+    got = paged_attention(q, k, v, cache.clone(), split, head_dim ** -0.5)
+    expected = paged_attention(q, k, v, cache.clone(), reference, head_dim ** -0.5)
+    torch.testing.assert_close(got.float(), expected.float(), **ATTN_TOL[dtype])
