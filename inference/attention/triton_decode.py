@@ -29,8 +29,8 @@ PROGRAMS_PER_SM = 8
 
 # stride_btb is the padded width of the step's block table, which changes from step to step: unspecialized,
 # so that a new width divisible by 16 (or of 1) does not build a new variant mid-run (W2 on the H200 spent
-# 0.57 s of a 3.1 s run building one, session 11).
-@triton.jit(do_not_specialize=["stride_btb"])
+# 0.57 s of a 3.1 s run building one, session 11); the int32 arrays' alignment too (views in mixed steps).
+@triton.jit(do_not_specialize=["stride_btb"], do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"])
 def _decode_split_kernel(
     q_ptr,                      # [B, Hq, D] model dtype, any strides
     k_cache_ptr, v_cache_ptr,   # [num_blocks, block_size, Hk, D] model dtype: kv_cache[0], kv_cache[1]
