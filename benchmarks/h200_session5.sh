@@ -52,7 +52,8 @@ run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
   echo "== $name rc=$rc $(date +%T)"
   grep -v -e tokenizer -e "^INFO" -e Warn -e _warn "$OUT/$name.log" | tail -n 25
   echo "== $name: NCCL teardown given up $(grep -c 'did not return within' "$OUT/$name.log") time(s)"
-  pkill -9 -f "benchmarks/[a-z_]*\.py|hf_peer|multiprocessing.spawn" 2>/dev/null; sleep 2
+  # anchored at the interpreter: a calling shell whose command line names a benchmark script survives
+  pkill -9 -f "^python3 (benchmarks/[a-z_0-9]*\.py|hf_peer)|multiprocessing.spawn" 2>/dev/null; sleep 2
 }
 
 for step in "$@"; do
