@@ -8,7 +8,8 @@ Triton kernel (``triton_fp8.per_token_fp8``, equal to ``quantize_fp8_rowwise``);
 row-major ``[N, K]``, so ``weight.t()`` is the column-major ``[K, N]`` operand ``torch._scaled_mm`` wants
 (no copy per call), with ``scale_a [T, 1]`` and ``scale_b [1, N]`` float32 and a bfloat16 output. Decode
 steps of up to 256 tokens take a Triton FP8 GEMM with split-K instead where it is faster
-(``triton_fp8_gemm.fp8_gemm_config``). The engine itself refuses ``quantization="fp8"`` without FP8 tensor cores (``check_fp8_supported``).
+(``triton_fp8_gemm.fp8_gemm_config``). The engine itself refuses ``quantization="fp8"`` without FP8
+tensor cores (``check_fp8_supported``).
 """
 from __future__ import annotations
 
