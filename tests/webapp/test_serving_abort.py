@@ -117,3 +117,28 @@ def test_disconnect_while_a_batch_is_enqueued(stack, stream):
         after = _wait_idle(stack, 10)
         generated = after["generation_tokens_total"] - before["generation_tokens_total"]
         assert generated < 128 * 32 // 4, (delay, generated)
+
+
+def test_drop_queued_takes_off_only_the_given_requests_and_keeps_the_others_in_order(stack):
+    """What a client that leaves a large batch does to the queue (``task_messages.drop_queued``)."""
+    import re
+
+    import redis.asyncio as aioredis
+
+    from webapp.serving.task_messages import drop_queued, enqueue_blocking
+
+    queue = "tessera.model.drop-test"  # no worker consumes it
+    stack.redis.delete(queue)
+    enqueue_blocking(stack.redis, queue, [{"rid": f"req-{i}", "prompt_token_ids": [1, 2]} for i in range(30)])
+
+    async def drop() -> int:
+        client = aioredis.Redis.from_url(stack.redis_url)
+        try:
+            return await drop_queued(client, queue, [f"req-{i}" for i in range(0, 30, 3)] + ["req-99"])
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(drop()) == 10
+    consumed = [re.search(rb"\[rid=([^\]]+)\]", stack.redis.rpop(queue)).group(1).decode() for _ in range(20)]
+    assert consumed == [f"req-{i}" for i in range(30) if i % 3]  # the order a worker takes them in
+    assert stack.redis.llen(queue) == 0

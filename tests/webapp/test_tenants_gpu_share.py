@@ -129,6 +129,46 @@ def test_two_flooding_tenants_are_served_in_their_shares(share_stack):
     assert asyncio.run(fill()) == [200] * (2 * CONCURRENCY)
 
 
+BATCH = 120  # prompts of one request: 12 enter the engine (running and backlog), the rest wait in Redis
+
+
+def test_one_tenants_batch_neither_holds_up_another_nor_stays_queued_after_its_client_left(share_stack):
+    """share-low sends one completions request of BATCH prompts; share-high's single request, sent
+    once the batch waits in Redis, is answered while most of the batch still waits there (each
+    tenant has its queue, taken from in turn). When the batch's client leaves, its waiting
+    messages are taken off the queue at once."""
+    s = share_stack
+    queue = f"tessera.model.{MODEL}.tenant.share-low"
+
+    def wait_queue(condition, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while not condition(length := s.redis.llen(queue)):
+            assert time.monotonic() < deadline, length
+            time.sleep(0.02)
+        return length
+
+    async def run() -> tuple[int, float, int]:
+        batch = {"model": MODEL, "prompt": ["Hi"] * BATCH, "max_tokens": 8, "ignore_eos": True, "stream": True}
+        reader, writer, status = await open_stream(s.base_url, "/v1/completions", batch,
+                                                   headers={"X-Tenant-ID": "share-low"})
+        assert status == 200
+        try:
+            await asyncio.to_thread(wait_queue, lambda n: n >= BATCH // 2, 30)
+            start = time.monotonic()
+            single = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "ignore_eos": True}
+            answer = await asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", single,
+                                             {"X-Tenant-ID": "share-high"})
+            took, still_queued = time.monotonic() - start, s.redis.llen(queue)
+        finally:
+            writer.transport.abort()  # the batch's client leaves
+        await asyncio.to_thread(wait_queue, lambda n: n == 0, 10)
+        return answer[0], took, still_queued
+
+    status, took, still_queued = asyncio.run(run())
+    assert status == 200
+    assert still_queued >= BATCH // 3, (took, still_queued)  # answered long before the batch's turn
+
+
 def test_worker_shutdown_ends_backlogged_requests_like_running_ones(share_stack):
     """Last in this module: it stops the worker. The streams of the running and of the
     backlogged requests all end with the same error event."""

@@ -70,6 +70,9 @@ class Admission:
         if loop is None or payload.get("model", model) != model:
             raise WorkerShuttingDown()
         rid = payload["rid"]
+        claim = self._redis.get(registry.claim_key(rid))
+        if claim is not None and claim.decode() == registry.ABORTED:  # its client left: no wait for a place
+            return
         held.hold(self._redis, model, self.worker_id, payload)
         try:
             self._wait_for_place(loop, model, payload.get("tenant"))
@@ -125,4 +128,5 @@ class Admission:
 
     def _requeue(self, payload: dict[str, Any]) -> None:
         from .task_messages import enqueue_blocking  # noqa: PLC0415 (it imports webapp.tasks, which imports .runtime)
-        enqueue_blocking(self._redis, queue_for(payload.get("model") or self.model), [payload])
+        queue = queue_for(payload.get("model") or self.model, payload.get("tenant"))
+        enqueue_blocking(self._redis, queue, [payload])

@@ -30,7 +30,10 @@ from webapp.celery import queue_for
 from . import held, registry
 from .messages import Message, is_final
 from .replies import reply_router
-from .task_messages import enqueue
+from .task_messages import drop_queued, enqueue
+from .tenant_shares import SHARES_KEY
+
+DROP_QUEUED_MIN = 8  # unclaimed requests of an abort from which their messages are taken off the queue
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 # Seconds a request that has not started waits for some worker of its model to be live again
@@ -96,13 +99,14 @@ class GenerationStream:
         self._unclaimed_strikes = 0
         self._no_worker_since: float | None = None  # monotonic time since when no worker was live
         self._stopped = request_stopped.get()
+        self._queues: list[str] = []  # the queues its requests were put on
 
     @property
     def finished(self) -> bool:
         return not self._unfinished
 
     async def start(self) -> None:
-        """Put every engine request on the model's Celery queue.
+        """Put every engine request on the model's Celery queue of its tenant.
 
         The stream belongs to the task that starts it (the one serving the HTTP request):
         when that task ends with engine requests unfinished, however it ends (the client
@@ -119,7 +123,18 @@ class GenerationStream:
         payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
                      "model": self.model, "params": r.params, "arrival": now, "tenant": r.tenant,
                      "priority": r.priority, "cache_salt": r.cache_salt} for r in self.requests]
-        await enqueue(get_redis(), queue_for(self.model), payloads)
+        redis = get_redis()
+        tenants = sorted({p["tenant"] for p in payloads if p["tenant"]})
+        # A tenant's queue only once the workers know the tenant (they consume the queues of the
+        # tenants in the shares hash): otherwise the queue for requests of no tenant.
+        known = dict(zip(tenants, await redis.hmget(SHARES_KEY, tenants))) if tenants else {}
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for payload in payloads:
+            tenant = payload["tenant"] if known.get(payload["tenant"]) is not None else None
+            by_queue.setdefault(queue_for(self.model, tenant), []).append(payload)
+        for queue, group in by_queue.items():
+            await enqueue(redis, queue, group)
+        self._queues = list(by_queue)
 
     def _deliver(self, messages: list[Message]) -> None:
         self._pending.extend(messages)
@@ -215,7 +230,8 @@ class GenerationStream:
         """Abort the unfinished engine requests: those not claimed yet, and those a worker claimed
         but holds unstarted (:func:`.held.abort_held`: even a dead worker, whose records another
         worker would requeue), are marked so that no worker starts them; the owners of the
-        claimed ones get an abort on their control channel."""
+        claimed ones get an abort on their control channel. From ``DROP_QUEUED_MIN`` unclaimed
+        ones on, their messages are also taken off the queue (:func:`.task_messages.drop_queued`)."""
         if not self._unfinished:
             return
         rids = sorted(self._unfinished)
@@ -224,7 +240,12 @@ class GenerationStream:
         pipe = redis.pipeline(transaction=False)
         for rid in rids:  # not claimed, or requeued: no worker starts it now
             await registry.claim(pipe, rid, registry.ABORTED, client=pipe)
-        claimed = [rid for rid, marked in zip(rids, await pipe.execute()) if not marked]
+        marks = await pipe.execute()
+        claimed = [rid for rid, marked in zip(rids, marks) if not marked]
+        unclaimed = {rid for rid, marked in zip(rids, marks) if marked}
+        if len(unclaimed) >= DROP_QUEUED_MIN:  # a large batch: its messages leave the queue too
+            for queue in self._queues:
+                await drop_queued(redis, queue, sorted(unclaimed))
         by_worker: dict[str, list[str]] = {}
         if claimed:
             for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):

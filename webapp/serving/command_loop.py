@@ -13,6 +13,7 @@ import time
 import redis
 
 from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
+from .model_lifecycle import READY
 from .queues import CeleryQueues
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,15 @@ class CommandLoop:
             if command.op == UNLOAD:
                 logger.exception("unloading failed")
 
+    def _sync_queues_quietly(self) -> None:
+        """Between commands: consume the queues of tenants created since (:meth:`sync_queues`)."""
+        if self.queues is None or self.state != READY:
+            return
+        try:  # an unload, the only other change to the consumed queues, runs on this thread too
+            self.sync_queues()
+        except Exception:
+            logger.exception("could not consume a new tenant's queue; trying again in %.0f s", COMMAND_POLL)
+
     def serve_commands(self, queues: CeleryQueues) -> None:
         """Once the Celery worker consumes: take model commands on a thread of its own
         (returns at once)."""
@@ -54,7 +64,10 @@ class CommandLoop:
                 logger.exception("reading model commands failed")
                 time.sleep(COMMAND_POLL)
                 continue
-            if item is None or self._closing.is_set():
+            if self._closing.is_set():
+                continue
+            if item is None:
+                self._sync_queues_quietly()
                 continue
             try:
                 command = ModelCommand.decode(item[1])

@@ -3,8 +3,8 @@
 Why the process outlives its engine: a worker may start with a model or with none
 (``idle``), and takes load / unload / reload commands from its command list
 (:mod:`.commands`) on a thread of its own (:mod:`.command_loop`). A load builds the engine
-on a new engine-loop thread (``loading``), then starts consuming the model's queue
-(``ready``); if building fails, the error is kept for the heartbeat (``failed``) and the
+on a new engine-loop thread (``loading``), then starts consuming the model's queues, one per
+tenant (``ready``; a tenant created later is consumed within about a second, by the command thread); if building fails, the error is kept for the heartbeat (``failed``) and the
 worker stays as it was without a model, ready for the next command. An unload first stops
 consuming the queue, then ends the engine's requests (running and backlogged) with an error
 saying so, adds the model's last counter increments to its totals, and drops the engine
@@ -23,6 +23,7 @@ from webapp.celery import queue_for
 from . import held
 from .engine_loop import EngineLoop
 from .model_spec import ModelSpec
+from .tenant_shares import SHARES_KEY, decode_shares
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,28 @@ class ModelLifecycle:
     def model(self) -> str | None:
         """The served model's name while an engine serves it (``ready`` or ``unloading``)."""
         return self.spec.name if self.state in (READY, UNLOADING) else None
+
+    def model_queues(self) -> list[str]:
+        """The Celery queues of the served model (none without one): its queue for requests of no
+        tenant and one per active tenant (from the shares the workers read, :mod:`.tenant_shares`)."""
+        name = self.model
+        if name is None:
+            return []
+        shares = self._shares if self._shares is not None else decode_shares(self._redis.hgetall(SHARES_KEY))
+        return [queue_for(name)] + [queue_for(name, slug) for slug in sorted(shares.shares)]
+
+    def sync_queues(self) -> None:
+        """Consume the served model's queues not consumed yet (a tenant created since the last
+        call, or all of them after a load); on the command thread, since each waits for the
+        Celery consumer's answer.
+
+        Raises:
+            QueueControlError: the consumer did not confirm.
+        """
+        for queue in self.model_queues():
+            if queue not in self.consumed_queues:
+                self.queues.consume(queue)
+                self.consumed_queues.add(queue)
 
     def load(self, spec: ModelSpec) -> None:
         """Build ``spec``'s engine (unloading the current model first) and consume its queue.
@@ -88,7 +111,7 @@ class ModelLifecycle:
             with self._lock:
                 self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
             if self.queues is not None:
-                self.queues.consume(queue_for(spec.name))
+                self.sync_queues()
             self.reclaimer = held.OrphanReclaimer(self._redis, spec.name, self._requeue)
             self.reclaimer.start()
         except BaseException as error:
@@ -117,10 +140,12 @@ class ModelLifecycle:
             logger.exception("could not publish the unloading state")
         self._stop_reclaimer()
         if self.queues is not None:
-            try:
-                self.queues.cancel(queue_for(name))
-            except Exception:  # requests it still takes are sent back (see admit)
-                logger.exception("could not stop consuming %s", queue_for(name))
+            for queue in sorted(self.consumed_queues):
+                try:
+                    self.queues.cancel(queue)
+                except Exception:  # requests it still takes are sent back (see admit)
+                    logger.exception("could not stop consuming %s", queue)
+        self.consumed_queues.clear()
         loop.stop(reason)
         loop.join(30)
         self.io.end_model()

@@ -85,6 +85,7 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         self.loop: EngineLoop | None = None
         self.engine: Any = None
         self.queues: CeleryQueues | None = None  # set once the Celery worker consumes (see serve_commands)
+        self.consumed_queues: set[str] = set()  # the served model's queues consumed (model_queues)
         self._shares = None
         self.reclaimer: held.OrphanReclaimer | None = None  # for the served model's held requests
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)

@@ -47,6 +47,37 @@ def generate_message(queue: str, payload: dict[str, Any]) -> str:
                           "content-type": content_type, "headers": message.headers, "properties": properties})
 
 
+# KEYS[1] a queue; ARGV: request ids. Removes their messages (found by the "[rid=...]" argsrepr in
+# the headers: the body is base64, so the bracket occurs nowhere else), keeping the others in order.
+_DROP_SCRIPT = """
+local drop = {}
+for i = 1, #ARGV do drop[ARGV[i]] = true end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep, removed = {}, 0
+for _, item in ipairs(items) do
+  local rid = string.match(item, '%[rid=([^%]]+)%]')
+  if rid and drop[rid] then removed = removed + 1 else keep[#keep + 1] = item end
+end
+if removed > 0 then
+  redis.call('DEL', KEYS[1])
+  for i = 1, #keep, 1000 do redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep))) end
+end
+return removed
+"""
+
+
+async def drop_queued(redis, queue: str, request_ids: list[str]) -> int:
+    """Remove the messages of ``request_ids`` still waiting in ``queue`` (one atomic script, linear
+    in the queue's length); returns how many it removed. For a client that left a large batch:
+    its requests are marked aborted, but each message would otherwise still pass through a worker
+    (hundreds a second) before the tenant's next request is reached.
+
+    Raises:
+        RedisError: the broker could not be reached.
+    """
+    return int(await redis.eval(_DROP_SCRIPT, 1, queue, *request_ids))
+
+
 async def enqueue(redis, queue: str, payloads: list[dict[str, Any]]) -> None:
     """Put one task per payload on ``queue``, in list order, with one ``LPUSH``.
 

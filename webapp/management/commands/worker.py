@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inference import LLMEngine
 from inference.errors import TesseraError
-from webapp.celery import app as celery_app, queue_for
+from webapp.celery import app as celery_app
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_args_from_options
 from webapp.serving.model_spec import ModelSpec
 from webapp.serving.queues import CeleryQueues
@@ -53,7 +53,9 @@ class Command(BaseCommand):
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
         worker_ready.connect(lambda **_: runtime.serve_commands(CeleryQueues(celery_app, hostname)), weak=False)
         # A queue of its own keeps an idle worker off Celery's default queue; nothing is sent to it.
-        queues = [f"tessera.worker.{runtime.worker_id}"] + ([queue_for(runtime.model)] if runtime.model else [])
+        model_queues = runtime.model_queues()  # the model's queue for requests of no tenant, and one per tenant
+        runtime.consumed_queues.update(model_queues)
+        queues = [f"tessera.worker.{runtime.worker_id}"] + model_queues
         worker = celery_app.Worker(
             hostname=hostname, queues=queues, pool_cls="threads",
             concurrency=1, prefetch_multiplier=1, loglevel=options["log_level"].upper(),
