@@ -34,6 +34,9 @@ class LiveStatsConsumer(AsyncJsonWebsocketConsumer):
         await self.send_state(await self.sampler.latest())
         self.sampler.subscribe(self.send_state)
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs) -> None:
+        """The stream is one-way: whatever a client sends (JSON or not) is ignored, never decoded."""
+
     async def disconnect(self, code: int) -> None:
         if self.sampler is not None:
             self.sampler.unsubscribe(self.send_state)

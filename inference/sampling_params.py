@@ -14,6 +14,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 INTEGER_FIELDS = ("n", "top_k", "min_tokens")
 OPTIONAL_INTEGER_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 BOOLEAN_FIELDS = ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens")
+FLOAT32_MAX = 3.4028234663852886e38  # the sampler computes in float32: larger values would overflow
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -153,8 +154,8 @@ class SamplingParams:
                 self.best_of)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                bad(name, "a finite number", getattr(self, name))
+            if not math.isfinite(getattr(self, name)) or abs(getattr(self, name)) > FLOAT32_MAX:
+                bad(name, f"a finite number of at most {FLOAT32_MAX:.4g} in magnitude (float32)", getattr(self, name))
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             bad("seed", f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", self.seed)
         if self.temperature < 0:

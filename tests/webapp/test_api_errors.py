@@ -29,6 +29,13 @@ def test_malformed_json(stack):
     assert error["code"] == "invalid_json" and "deeply" in error["message"]
 
 
+def test_a_body_over_the_upload_limit_is_a_413_not_a_500(stack):
+    body = b'{"model": "' + MODEL.encode() + b'", "prompt": "' + b"x" * (32 * 1024 * 1024) + b'"}'
+    for path in ("/v1/completions", "/tokenize"):
+        error = _error(http("POST", stack.base_url + path, body), 413)
+        assert error["code"] == "request_too_large" and "33554432 bytes" in error["message"], error
+
+
 @pytest.mark.parametrize("field, value", [
     ("temperature", "hot"), ("max_tokens", 1.5), ("n", True), ("stop", [1, 2]), ("stream", "yes"),
     ("logit_bias", {"x": 1}), ("seed", "1"), ("top_p", 1.5), ("n", 0), ("max_tokens", 0),
@@ -43,6 +50,8 @@ def test_wrong_types_and_ranges_name_the_param(stack, field, value):
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"), ({"max_completion_tokens": -5}, "max_completion_tokens"),
     ({"seed": 2**70}, "seed"), ({"logit_bias": {"999999": 5}}, "logit_bias"),
     ({"max_completion_tokens": 10**6}, "max_completion_tokens"),  # past the context: checked against max_model_len
+    ({"temperature": 1e308}, "temperature"),  # finite, but not in the sampler's float32
+    ({"chat_template": "{{ messages[0].content }}"}, "chat_template"),  # as vLLM without --trust-request-chat-template
 ])
 def test_errors_name_the_field_the_client_sent(stack, extra, field):
     body = {"model": MODEL, "messages": CHAT, **extra}

@@ -118,6 +118,26 @@ def test_anonymous_websocket_is_refused(orm, django_app):
     assert asyncio.run(run()) == {"type": "websocket.close", "code": 4401}
 
 
+def test_frames_a_client_sends_are_ignored_and_the_stream_goes_on(django_app, people, stack):
+    from channels.testing import WebsocketCommunicator
+    headers = session_cookie(people["staff"])
+
+    async def run() -> list[dict]:
+        communicator = WebsocketCommunicator(django_app, "/ws/stats", headers=headers)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            first = await communicator.receive_json_from(timeout=5)
+            await communicator.send_to(text_data="garbage")  # not JSON
+            await communicator.send_to(bytes_data=b"\xff\x00")
+            return [first, await communicator.receive_json_from(timeout=5)]  # the next sample still comes
+        finally:
+            await communicator.disconnect()
+
+    first, second = asyncio.run(run())
+    assert "models" in first and "models" in second
+
+
 def test_snapshot_on_connect_then_updates_as_the_worker_publishes(django_app, people, stack, dashboard_web):
     headers = session_cookie(people["staff"])
     (first,) = asyncio.run(_messages(django_app, headers, 1))

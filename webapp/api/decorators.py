@@ -6,6 +6,8 @@ import logging
 from typing import Awaitable, Callable
 
 from redis.exceptions import RedisError
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -52,6 +54,10 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
                 return _refused(meter, APIError.from_tenant(error))
             except APIError as error:
                 return _refused(meter, error)
+            except RequestDataTooBig:
+                return _refused(meter, APIError(
+                    f"The request body is too large: the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.", 413,
+                    code="request_too_large"))
             except RedisError as error:
                 logger.warning("Redis failed during %s: %s", request.path, error)
                 return _refused(meter, unavailable(f"The message broker (Redis) is unavailable: {error}"))

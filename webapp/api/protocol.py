@@ -265,6 +265,9 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     if top_logprobs is not None:
         options.field_names["logprobs"] = "top_logprobs"
     options.field_names["prompt"] = "messages"  # the prompt is the rendered conversation
+    if body.data.get("chat_template") is not None:  # as vLLM without --trust-request-chat-template
+        raise bad_request("'chat_template' in a request is not accepted: the server renders the model's chat "
+                          "template (start it with --chat-template to use another).", param="chat_template")
     template = {
         "add_generation_prompt": body.get("add_generation_prompt", bool, True),
         "continue_final_message": body.get("continue_final_message", bool, False),
