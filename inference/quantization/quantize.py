@@ -141,6 +141,10 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     resolved = resolve_model(model)
     config = load_hf_config(resolved.model_dir)
     check_architecture(config)
+    positions = getattr(config, "max_position_embeddings", None)
+    if calibration is not None and positions and calibration.seq_len > positions:
+        raise InvalidRequestError(f"seq_len={calibration.seq_len} is longer than the model's {positions} positions "
+                                  "(max_position_embeddings).", param="seq_len")
     group_size = default_group_size(config) if group_size is None else group_size
     for size in (config.hidden_size, config.intermediate_size):
         if group_size != -1 and (group_size <= 0 or size % group_size or group_size % 16):

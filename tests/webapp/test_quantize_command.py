@@ -15,6 +15,8 @@ from webapp import launcher
     (["--quantization", "awq", "--group-size", "100"], "group_size=100 must be -1 or a multiple of 16"),
     (["--quantization", "awq", "--desc-act"], "desc_act (act-order) applies to GPTQ only"),
     (["--quantization", "awq", "--device", "gpu"], "--device 'gpu' is not a device name"),
+    (["--quantization", "gptq", "--seq-len", "100000"], "seq_len=100000 is longer than the model's 8192 positions"),
+    (["--quantization", "gptq", "--output-dir", "/dev/null/x"], "cannot be created: /dev/null is not a writable"),
     pytest.param(["--quantization", "awq", "--device", "cuda"], "this machine has no CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine can quantize there")),
 ])

@@ -3,6 +3,7 @@ that Tessera and transformers load (a thin wrapper over ``inference.quantization
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ class Command(BaseCommand):
         output = Path(options["output_dir"])
         if output.exists() and (not output.is_dir() or any(output.iterdir())):
             raise CommandError(f"--output-dir {output} exists and is not an empty directory; choose a new one.")
+        _check_creatable(output)
         try:
             out = quantize_model(options["model"], options["output_dir"], options["quantization"],
                                  group_size=options["group_size"], desc_act=options["desc_act"],
@@ -51,3 +53,13 @@ class Command(BaseCommand):
         except TesseraError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"Wrote {options['quantization'].upper()} checkpoint to {out}")
+
+
+def _check_creatable(output: Path) -> None:
+    """Refuse, before the calibration (minutes), an output directory that could not be created:
+    its nearest existing ancestor is no directory, or not writable."""
+    parent = output.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise CommandError(f"--output-dir {output} cannot be created: {parent} is not a writable directory.")
