@@ -12,7 +12,8 @@ when it ends:
   request actually used beyond that (completion tokens), or gives back the prompt tokens
   of prompts that never ran. The token bucket may go below zero: a long answer is never cut
   off, the next requests wait instead. A request is admitted while the bucket is above zero.
-* ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens).
+* ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens), started
+  from the day's usage records when it does not exist yet (a budget set during the day, a new Redis).
 
 Refusals carry the seconds after which a retry can succeed (``Retry-After``), except that of a
 prompt larger than the token limit itself, which no retry can help. Clock: the
@@ -24,10 +25,13 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
+
 from webapp.serving.client import get_redis
 
 from .errors import TenantError
 from .identity import Limits, TenantRef
+from .usage import tokens_since
 
 LEASE_SECONDS = 600  # a concurrency slot of a web process that died is freed after this
 DAY_TTL = 2 * 86400
@@ -139,6 +143,8 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admis
     _check_size(tenant.slug, limits, prompt_tokens)
     now = dt.datetime.now(dt.timezone.utc)
     day = _utc_day(now)
+    if limits.daily_token_budget:
+        await _start_day_counter(tenant.id, now, day)
     verdict, wait = await _script(_ADMIT)(keys=list(_keys(tenant.id, day)), args=[
         request_id, limits.max_concurrent_requests or 0, limits.requests_per_minute or 0,
         limits.tokens_per_minute or 0, limits.daily_token_budget or 0, prompt_tokens, LEASE_SECONDS, DAY_TTL])
@@ -150,6 +156,19 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admis
         midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
         seconds = (midnight - now).total_seconds()
     raise _refusal(tenant.slug, limits, verdict, max(1, math.ceil(seconds)))
+
+
+async def _start_day_counter(tenant_id: int, now: dt.datetime, day: str) -> None:
+    """A missing day counter (the first budgeted request of the day, a budget set during the day, a new
+    Redis) starts from the tokens the usage records hold for today, so that the budget counts the
+    whole UTC day, as the dashboard does; one ``EXISTS`` otherwise."""
+    key = _keys(tenant_id, day)[3]
+    redis = get_redis()
+    if await redis.exists(key):
+        return
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    used = await sync_to_async(tokens_since, thread_sensitive=True)(tenant_id, midnight)
+    await redis.set(key, used, nx=True, ex=DAY_TTL)
 
 
 def _check_size(slug: str, limits: Limits, prompt_tokens: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Sum
 
 from .models import ERROR_KINDS, ApiKey, Usage
 
@@ -103,3 +103,11 @@ def _write(batch: dict[tuple[int, str, dt.datetime], _Counts], key_uses: dict[in
 
 
 recorder = UsageRecorder()
+
+
+def tokens_since(tenant_id: int, since: dt.datetime) -> int:
+    """Prompt plus completion tokens recorded for the tenant in the hours from ``since`` on (database
+    access: call from a thread)."""
+    totals = Usage.objects.filter(tenant_id=tenant_id, hour__gte=since).aggregate(
+        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    return (totals["prompt"] or 0) + (totals["completion"] or 0)

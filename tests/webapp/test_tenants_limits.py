@@ -120,6 +120,20 @@ def test_daily_budget_refuses_until_midnight_utc(tenant_web):
     assert "daily budget" in result[2]["error"]["message"]
 
 
+def test_daily_budget_counts_the_days_recorded_usage_when_its_counter_is_missing(tenant_web, stack):
+    """A budget's day counter that Redis lost (a restart of a private Redis), or that never existed (a
+    budget set during the day), starts from the day's usage records, as the dashboard counts."""
+    team = make_tenant(daily_token_budget=20)
+    headers = {"X-Tenant-ID": team.slug}
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=20, ignore_eos=True)
+    assert status == 200 and body["usage"]["total_tokens"] >= 20
+    wait_for(lambda: usage_totals(team)["requests"] == 1)
+    day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
+    assert stack.redis.delete(f"tessera:limits:{team.pk}:day:{day}") == 1
+    status, _, body = completion(tenant_web.base_url, headers)
+    assert status == 429 and "daily budget" in body["error"]["message"], body
+
+
 def _post(base_url: str, path: str, body: dict, headers: dict[str, str]) -> tuple[int, str, dict[str, str], dict]:
     """POST over http.client: (status, reason phrase of the status line, headers lower-cased, JSON body)."""
     host, port = base_url.removeprefix("http://").split(":")
