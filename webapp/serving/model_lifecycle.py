@@ -4,7 +4,8 @@ Why the process outlives its engine: a worker may start with a model or with non
 (``idle``), and takes load / unload / reload commands from its command list
 (:mod:`.commands`) on a thread of its own (:mod:`.command_loop`). A load builds the engine
 on a new engine-loop thread (``loading``), then starts consuming the model's queues, one per
-tenant (``ready``; a tenant created later is consumed within about a second, by the command thread); if building fails, the error is kept for the heartbeat (``failed``) and the
+tenant (``ready``; the queue of a tenant created later within about a second, by the command
+thread); if building fails, the error is kept for the heartbeat (``failed``) and the
 worker stays as it was without a model, ready for the next command. An unload first stops
 consuming the queue, then ends the engine's requests (running and backlogged) with an error
 saying so, adds the model's last counter increments to its totals, and drops the engine
@@ -56,24 +57,30 @@ class ModelLifecycle:
         """The served model's name while an engine serves it (``ready`` or ``unloading``)."""
         return self.spec.name if self.state in (READY, UNLOADING) else None
 
-    def model_queues(self) -> list[str]:
+    def model_queues(self, scan: bool = False) -> list[str]:
         """The Celery queues of the served model (none without one): its queue for requests of no
-        tenant and one per active tenant (from the shares the workers read, :mod:`.tenant_shares`)."""
+        tenant and one per active tenant (from the shares the workers read, :mod:`.tenant_shares`).
+        ``scan`` (at a load): also the tenant queues that hold messages, e.g. of a tenant deleted
+        while its requests waited, so that no request is left in a queue nobody consumes."""
         name = self.model
         if name is None:
             return []
         shares = self._shares if self._shares is not None else decode_shares(self._redis.hgetall(SHARES_KEY))
-        return [queue_for(name)] + [queue_for(name, slug) for slug in sorted(shares.shares)]
+        queues = {queue_for(name, slug) for slug in shares.shares}
+        if scan:
+            found = (key.decode() for key in self._redis.scan_iter(match=queue_for(name, "*"), count=1000))
+            queues.update(key for key in found if "\x06" not in key)  # not kombu's priority sub-queues
+        return [queue_for(name)] + sorted(queues)
 
-    def sync_queues(self) -> None:
+    def sync_queues(self, scan: bool = False) -> None:
         """Consume the served model's queues not consumed yet (a tenant created since the last
-        call, or all of them after a load); on the command thread, since each waits for the
-        Celery consumer's answer.
+        call, or all of them after a load, ``scan`` as in :meth:`model_queues`); on the command
+        thread, since each waits for the Celery consumer's answer.
 
         Raises:
             QueueControlError: the consumer did not confirm.
         """
-        for queue in self.model_queues():
+        for queue in self.model_queues(scan):
             if queue not in self.consumed_queues:
                 self.queues.consume(queue)
                 self.consumed_queues.add(queue)
@@ -111,7 +118,7 @@ class ModelLifecycle:
             with self._lock:
                 self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
             if self.queues is not None:
-                self.sync_queues()
+                self.sync_queues(scan=True)
             self.reclaimer = held.OrphanReclaimer(self._redis, spec.name, self._requeue)
             self.reclaimer.start()
         except BaseException as error:

@@ -53,7 +53,7 @@ class Command(BaseCommand):
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
         worker_ready.connect(lambda **_: runtime.serve_commands(CeleryQueues(celery_app, hostname)), weak=False)
         # A queue of its own keeps an idle worker off Celery's default queue; nothing is sent to it.
-        model_queues = runtime.model_queues()  # the model's queue for requests of no tenant, and one per tenant
+        model_queues = runtime.model_queues(scan=True)  # the model's queue of no tenant, and one per tenant
         runtime.consumed_queues.update(model_queues)
         queues = [f"tessera.worker.{runtime.worker_id}"] + model_queues
         worker = celery_app.Worker(
