@@ -1,8 +1,8 @@
 """Usage accounting: per tenant, model and UTC hour, from the tokens requests actually used.
 
 Web processes record each request when it ends (``record``); a background task of the
-event loop writes what piled up in one transaction (one ``UPDATE ... SET x = x + n`` per
-tenant, model and hour), so the response never waits for the database and a burst of
+event loop writes what piled up, one transaction per tenant, model and hour (one
+``UPDATE ... SET x = x + n`` each), so the response never waits for the database and a burst of
 requests costs a few writes. Keys' ``last_used_at`` is written at most once a minute per key
 and process. What is still queued when a web process is killed is lost (at most one write).
 """
@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 
-from .models import ERROR_KINDS, ApiKey, Usage
+from .models import ERROR_KINDS, ApiKey, Tenant, Usage
 
 logger = logging.getLogger(__name__)
 
@@ -87,19 +87,27 @@ class UsageRecorder:
 
 
 def _write(batch: dict[tuple[int, str, dt.datetime], _Counts], key_uses: dict[int, dt.datetime]) -> None:
-    with transaction.atomic():
-        for (tenant_id, model, hour), counts in batch.items():
-            values = counts.fields()
-            rows = Usage.objects.filter(tenant_id=tenant_id, model=model, hour=hour)
-            if rows.update(**{name: F(name) + n for name, n in values.items()}):
-                continue
+    # One transaction per tenant-hour, so that one that fails (its tenant deleted meanwhile: SQLite
+    # checks foreign keys at the commit) loses nothing of the others; a deleted tenant's usage goes
+    # with it.
+    alive = set(Tenant.objects.filter(id__in={tenant_id for tenant_id, _, _ in batch}).values_list("id", flat=True))
+    for (tenant_id, model, hour), counts in batch.items():
+        if tenant_id not in alive:
+            continue
+        increments = {name: F(name) + n for name, n in counts.fields().items()}
+        for attempt in range(2):  # a row another process created meanwhile: add to it
             try:
                 with transaction.atomic():
-                    Usage.objects.create(tenant_id=tenant_id, model=model, hour=hour, **values)
-            except IntegrityError:  # another process created the row meanwhile, or the tenant was deleted
-                rows.update(**{name: F(name) + n for name, n in values.items()})
-        for key_id, when in key_uses.items():
-            ApiKey.objects.filter(id=key_id).update(last_used_at=when)  # update(): no signal, no cache flush
+                    rows = Usage.objects.filter(tenant_id=tenant_id, model=model, hour=hour)
+                    if not rows.update(**increments):
+                        Usage.objects.create(tenant_id=tenant_id, model=model, hour=hour, **counts.fields())
+                break
+            except IntegrityError:
+                if attempt:
+                    logger.warning("usage of tenant %d (%s, %s) not written: the tenant is gone", tenant_id, model,
+                                   hour.isoformat())
+    for key_id, when in key_uses.items():
+        ApiKey.objects.filter(id=key_id).update(last_used_at=when)  # update(): no signal, no cache flush
 
 
 recorder = UsageRecorder()

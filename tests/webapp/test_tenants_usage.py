@@ -54,3 +54,21 @@ def test_share_edits_reach_the_running_worker(stack, orm):
     team.active = False
     team.save()
     wait_for(lambda: all(team.slug not in (w.get("tenant_shares") or {}) for w in stack.worker_infos()))
+
+
+def test_a_tenant_deleted_before_its_usage_is_written_loses_no_other_tenants_usage(orm):
+    """Usage piled up for two tenants, one deleted before the write (as in the admin, mid-traffic): the
+    other's usage is written (with SQLite, a foreign key fails only at the commit, which rolled back
+    the whole batch)."""
+    from tenants.models import Usage
+    from tenants.usage import _Counts, _write
+
+    keep, gone = make_tenant(), make_tenant()
+    hour = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+    batch = {(gone.pk, MODEL, hour): _Counts(requests=1, prompt_tokens=2, completion_tokens=4),
+             (keep.pk, MODEL, hour): _Counts(requests=1, prompt_tokens=3, completion_tokens=5)}
+    gone.delete()
+    _write(batch, {})
+    row = Usage.objects.get(tenant=keep, model=MODEL, hour=hour)
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1, 3, 5)
+    assert not Usage.objects.filter(tenant_id=gone.pk).exists()
