@@ -51,6 +51,7 @@ def test_wrong_types_and_ranges_name_the_param(stack, field, value):
     ({"seed": 2**70}, "seed"), ({"logit_bias": {"999999": 5}}, "logit_bias"),
     ({"max_completion_tokens": 10**6}, "max_completion_tokens"),  # past the context: checked against max_model_len
     ({"temperature": 1e308}, "temperature"),  # finite, but not in the sampler's float32
+    ({"user": 5}, "user"),
     ({"chat_template": "{{ messages[0].content }}"}, "chat_template"),  # as vLLM without --trust-request-chat-template
 ])
 def test_errors_name_the_field_the_client_sent(stack, extra, field):
@@ -101,7 +102,8 @@ def test_best_of_other_than_n_is_refused_by_sampling_params(stack):
     assert status == 200 and len(json.loads(answer)["choices"]) == 2, answer
 
 
-@pytest.mark.parametrize("prompt", [[[True, 5]], [[5, False]], ["Hi", [1, True]], [True, 5], [[]], [[1.5]]])
+@pytest.mark.parametrize("prompt", [[[True, 5]], [[5, False]], ["Hi", [1, True]], [True, 5], [[]], [[1.5]],
+                                    ["Hi", [1, 2]]])  # the last: texts and token ids mixed, as OpenAI refuses
 def test_booleans_and_non_integers_are_not_token_ids(stack, prompt):
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
     assert _error(http("POST", stack.base_url + "/v1/completions", body), 400)["param"] == "prompt"

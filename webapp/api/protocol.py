@@ -191,6 +191,7 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     """
     stream = body.get("stream", bool, False)
     stream_options = body.get("stream_options", dict, None)
+    body.get("user", str, None)  # OpenAI's end-user id: accepted and not used, but a string
     if stream_options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     stream_options = Body(stream_options or {}, "stream_options.")
@@ -290,8 +291,9 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         prompts: list = [prompt]
     elif _is_token_ids(prompt):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_ids(p) for p in prompt):
-        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                 or all(_is_token_ids(p) for p in prompt)):
+        prompts = list(prompt)  # texts, or token id arrays: not a mix (as OpenAI's and vLLM's schemas)
     else:
         raise bad_request("'prompt' must be a string, an array of strings, an array of token ids, "
                           "or an array of token id arrays.", param="prompt")
