@@ -117,7 +117,8 @@ class Command(BaseCommand):
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
             TESSERA_API_KEY=options["api_key"], TESSERA_KEY_ONLY="1" if options["key_only"] else None,
-            TESSERA_LOG_LEVEL=options["log_level"].upper())
+            TESSERA_LOG_LEVEL=options["log_level"].upper(),
+            OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
         for _ in range(options["data_parallel_size"]):
             children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env))
         children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
@@ -140,6 +141,19 @@ class Command(BaseCommand):
                 restarts.append(time.monotonic())
                 children[i] = launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env)
             time.sleep(0.5)
+
+
+def cpu_threads_per_worker(device: str | None, workers: int, cores: int | None = None) -> str | None:
+    """``OMP_NUM_THREADS`` for each of ``workers`` CPU engines on this host: the cores split between
+    them, so that they do not all spin threads on every core (two workers on two cores served a
+    tenth of one worker's tokens). None (the environment as it is) for one worker, a GPU engine, or
+    when ``OMP_NUM_THREADS`` is set already."""
+    import torch
+
+    on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    if workers <= 1 or not on_cpu or os.environ.get("OMP_NUM_THREADS"):
+        return os.environ.get("OMP_NUM_THREADS")
+    return str(max(1, (cores or os.cpu_count() or 1) // workers))
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
