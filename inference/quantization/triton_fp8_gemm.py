@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_w4a16_decode import _finish
+from .triton_w4a16_decode import _finish, plan_split_k
 
 
 @triton.jit
@@ -154,23 +154,14 @@ def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
         raise ValueError(f"FP8 GEMM: {a_scale.numel()} row scales for {M} rows, {b_scale.numel()} column scales "
                          f"for {N} columns")
     a_scale, b_scale = a_scale.reshape(-1).contiguous(), b_scale.reshape(-1).contiguous()
-    k_tiles = triton.cdiv(K, config.block_k)
-    tiles_per_split = triton.cdiv(k_tiles, config.split_k)
-    split_k = triton.cdiv(k_tiles, tiles_per_split)
-    grid = (triton.cdiv(N, config.block_n), triton.cdiv(M, config.block_m), split_k)
     out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    partial = out
-    if split_k > 1:
-        partial = torch.empty((split_k, M, N), dtype=torch.float32, device=a.device)
-        if counters is None:
-            counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=a.device)
-        if counters.numel() < grid[0] * grid[1]:
-            raise ValueError(f"FP8 GEMM: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    plan = plan_split_k(M, N, triton.cdiv(K, config.block_k), config.split_k, config.block_m, config.block_n, out,
+                        counters, "FP8 GEMM")
     if M:
-        _fp8_gemm_kernel[grid](
-            a, a_scale, b, b_scale, bias if bias is not None else out, partial,
-            counters if counters is not None else out, out, M, N, K, a.stride(0), b.stride(0), tiles_per_split,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k,
-            HAS_BIAS=bias is not None, EVEN_K=K % config.block_k == 0,
+        _fp8_gemm_kernel[plan.grid](
+            a, a_scale, b, b_scale, bias if bias is not None else out, plan.partial,
+            plan.counters if plan.counters is not None else out, out, M, N, K, a.stride(0), b.stride(0),
+            plan.tiles_per_split, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            SPLIT_K=plan.grid[2], HAS_BIAS=bias is not None, EVEN_K=K % config.block_k == 0,
             num_warps=config.num_warps, num_stages=config.num_stages)
     return out

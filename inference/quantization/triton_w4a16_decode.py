@@ -308,6 +308,39 @@ def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HA
 
 
 @dataclass(frozen=True)
+class SplitKPlan:
+    """Host side of a split-K launch whose epilogue is ``_finish``: the grid ``(N tiles, M tiles,
+    splits)``, K tiles per split, and the workspace (``partial``, ``counters``) that splits need."""
+
+    grid: tuple[int, int, int]
+    tiles_per_split: int
+    partial: torch.Tensor
+    counters: torch.Tensor | None
+
+
+def plan_split_k(M: int, N: int, k_tiles: int, split_k: int, block_m: int, block_n: int, out: torch.Tensor,
+                 counters: torch.Tensor | None, what: str) -> SplitKPlan:
+    """The launch of ``k_tiles`` K tiles cut into at most ``split_k`` non-empty splits, writing ``out``.
+    With more than one split: a ``[splits, M, N]`` float32 workspace, and ``counters`` (allocated as zeros
+    when None; they are left zero by the kernel). ``partial`` is ``out`` itself with one split.
+
+    Raises:
+        ValueError: fewer ``counters`` than output tiles (``what`` names the kernel in the message).
+    """
+    tiles_per_split = triton.cdiv(k_tiles, split_k)
+    splits = triton.cdiv(k_tiles, tiles_per_split)
+    grid = (triton.cdiv(N, block_n), triton.cdiv(M, block_m), splits)
+    partial = out
+    if splits > 1:
+        partial = torch.empty((splits, M, N), dtype=torch.float32, device=out.device)
+        if counters is None:
+            counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
+        if counters.numel() < grid[0] * grid[1]:
+            raise ValueError(f"{what}: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    return SplitKPlan(grid, tiles_per_split, partial, counters)
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages."""
 
@@ -364,18 +397,9 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
     block_m = 16 if M <= 16 else 32
-    k_tiles = triton.cdiv(K, PACK_K)
-    tiles_per_split = triton.cdiv(k_tiles, config.split_k)
-    split_k = triton.cdiv(k_tiles, tiles_per_split)
-    grid = (triton.cdiv(N, config.block_n), triton.cdiv(M, block_m), split_k)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    partial = out
-    if split_k > 1:
-        partial = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device)
-        if counters is None:
-            counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
-        if counters.numel() < grid[0] * grid[1]:
-            raise ValueError(f"W4A16 decode kernel: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,
+                        "W4A16 decode kernel")
     if group_size % PACK_K == 0:
         chunks_per_group = 8          # one group per K tile
     elif PACK_K % group_size == 0:
@@ -384,9 +408,9 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         chunks_per_group = 1
     magic, offset = _CODE_OFFSET.get(x.dtype, (0, 0.0))
     args = (x, qweight, scales, qzeros, perm if perm is not None else x, bias if bias is not None else x,
-            partial, counters if counters is not None else qweight, out,
-            M, N, K, scales.shape[0], x.stride(0), tiles_per_split)
-    meta = dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=split_k,
+            plan.partial, plan.counters if plan.counters is not None else qweight, out,
+            M, N, K, scales.shape[0], x.stride(0), plan.tiles_per_split)
+    meta = dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=plan.grid[2],
                 HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
                 EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
                 num_warps=config.num_warps, num_stages=config.num_stages)
@@ -394,5 +418,5 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         kernel = _w4a16_decode_tile_kernel
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
-    kernel[grid](*args, **meta)
+    kernel[plan.grid](*args, **meta)
     return out
