@@ -10,6 +10,7 @@ Attention cases also report achieved bandwidth (decode: K/V bytes read) or arith
 
     python benchmarks/kernels.py                  # H200: writes benchmarks/results/kernels_h200.json
     python benchmarks/kernels.py --only decode    # cases whose name contains "decode"
+    python benchmarks/kernels.py --only argmax,rotary_store   # ... either of these
 
 Exits 1 if any case disagrees with its reference (after timing all of them), 2 without CUDA.
 """
@@ -135,6 +136,51 @@ def store_case(tokens: int, dtype) -> dict:
                 torch=run_torch, bytes=4 * tokens * HK * D * k.element_size())
 
 
+def rotary_store_case(tokens: int, dtype) -> dict:
+    """The rotary kernel writing the rotated keys and the values to the paged cache ("triton") against
+    rotary then the store kernel ("torch" column), as the decode step ran before session 12."""
+    from inference.attention.triton_ops import store_kv_cache
+    from inference.models import triton_layers as tl_layers
+    from inference.models.layers import RotaryEmbedding
+    rotary = RotaryEmbedding(SimpleNamespace(rope_theta=1e6), D, 32768).to("cuda")
+    rotary.reset_buffers()
+    positions = torch.randint(0, 32768, (tokens,), device="cuda")
+    qkv = torch.randn(tokens, (HQ + 2 * HK) * D, dtype=dtype, device="cuda")
+    q, k, v = (t.view(tokens, -1, D) for t in qkv.split([HQ * D, HK * D, HK * D], dim=-1))
+    num_blocks = -(-tokens // BLOCK) * 4
+    slots = torch.randperm(num_blocks * BLOCK, device="cuda")[:tokens]
+    fused_cache = torch.zeros(2, num_blocks, BLOCK, HK, D, dtype=dtype, device="cuda")
+    separate_cache = torch.zeros_like(fused_cache)
+    q0, k0 = q.clone(), k.clone()
+
+    def fused():
+        tl_layers.rotary_embedding(positions, q, k, rotary.cos, rotary.sin, (v, fused_cache, slots))
+        return fused_cache
+
+    def separate():
+        tl_layers.rotary_embedding(positions, q, k, rotary.cos, rotary.sin)
+        store_kv_cache(k, v, separate_cache, slots)
+        return separate_cache
+
+    def check():  # the same inputs for both: rotation is in place
+        q.copy_(q0)
+        k.copy_(k0)
+        out = fused().clone()
+        q.copy_(q0)
+        k.copy_(k0)
+        return out
+    return dict(name=f"rotary_store_fused_vs_separate_t{tokens}", shape=dict(tokens=tokens, hq=HQ, hk=HK, d=D),
+                triton=fused, torch=separate, check=check, bytes=2 * (q.numel() + 2 * k.numel()) * q.element_size())
+
+
+def argmax_case(rows: int, vocab: int, dtype) -> dict:
+    """Greedy sampling's argmax over a Qwen2.5-sized vocabulary: Triton against torch.argmax."""
+    from inference.sampling.triton_argmax import argmax_rows
+    logits = torch.randn(rows, vocab, dtype=dtype, device="cuda")
+    return dict(name=f"argmax_{rows}x{vocab}", shape=dict(rows=rows, vocab=vocab), triton=lambda: argmax_rows(logits),
+                torch=lambda: logits.argmax(dim=-1), bytes=logits.numel() * logits.element_size())
+
+
 def layer_cases(tokens: int, dtype) -> list[dict]:
     from inference.models import triton_layers as tl_layers
     from inference.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
@@ -230,7 +276,7 @@ def run_all(builders: list, only: str, dtype) -> list[dict]:
     for build in builders:
         built = build()
         for case in built if isinstance(built, list) else [built]:
-            if only not in case["name"]:
+            if not any(part in case["name"] for part in only.split(",")):
                 continue
             row = run_case(case, dtype)
             rows.append(row)
@@ -247,7 +293,8 @@ def run_all(builders: list, only: str, dtype) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this (or, comma-separated, "
+                                                   "any of these)")
     parser.add_argument("--out", default=str(RESULTS / "kernels_h200.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -266,6 +313,8 @@ def main() -> int:
         lambda: mixed_split_case(dtype),
         lambda: store_case(256, dtype),
         lambda: store_case(8192, dtype),
+        lambda: rotary_store_case(256, dtype),
+        lambda: argmax_case(256, 151936, dtype),
         lambda: layer_cases(256, dtype),
         lambda: layer_cases(8192, dtype),
     ]

@@ -28,13 +28,18 @@ def resolve_backend(requested: str, device: str) -> str:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``)."""
+                    meta: AttentionMetadata, scale: float, kv_stored: bool = False) -> torch.Tensor:
+    """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``).
+
+    ``kv_stored``: the caller already wrote ``k`` and ``v`` to the cache (the model's rotary kernel does on
+    the Triton backend); the Triton path then skips its store kernel.
+    """
     if meta.backend == "torch":
         return torch_paged_attention(q, k, v, kv_cache, meta, scale)
     from . import triton_ops  # imported only when the Triton backend is in use
 
-    triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    if not kv_stored:
+        triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping)
     if meta.decode_only:
         return triton_ops.paged_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
                                                  max_seq_len=meta.max_seq_len, num_splits=meta.num_splits)

@@ -39,6 +39,18 @@ def _store_kv_cache_kernel(
     tl.store(v_cache_ptr + dst, tl.load(src_v, mask=mask), mask=mask)
 
 
+def check_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Raise ValueError unless ``k``, ``v`` ``[T, Hk, D]`` and ``slot_mapping`` ``[T]`` int64 fit ``kv_cache``."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if v.shape != k.shape or kv_cache.shape[3:] != (num_kv_heads, head_dim) or kv_cache.shape[0] != 2:
+        raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} do not fit kv_cache {tuple(kv_cache.shape)}")
+    if k.dtype != kv_cache.dtype or v.dtype != kv_cache.dtype:
+        raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} differs from the cache's {kv_cache.dtype}")
+    if slot_mapping.shape != (num_tokens,) or slot_mapping.dtype != torch.int64:
+        raise ValueError(f"slot_mapping must be [{num_tokens}] int64, got {tuple(slot_mapping.shape)} "
+                         f"{slot_mapping.dtype}")
+
+
 def store_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write each token's keys and values into its cache slot, in place.
 
@@ -50,13 +62,8 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slo
     Raises:
         ValueError: on mismatched shapes or dtypes.
     """
+    check_cache_write(k, v, kv_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
-    if v.shape != k.shape or kv_cache.shape[3:] != (num_kv_heads, head_dim) or kv_cache.shape[0] != 2:
-        raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} do not fit kv_cache {tuple(kv_cache.shape)}")
-    if k.dtype != kv_cache.dtype or v.dtype != kv_cache.dtype:
-        raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} differs from the cache's {kv_cache.dtype}")
-    if slot_mapping.shape != (num_tokens,) or slot_mapping.dtype != torch.int64:
-        raise ValueError(f"slot_mapping must be [{num_tokens}] int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     if num_tokens == 0:
         return
     k_cache, v_cache = kv_cache[0], kv_cache[1]

@@ -19,12 +19,21 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-_BLOCK_N = 64          # keys per inner iteration (may span several cache blocks)
+# The split kernel's keys per inner iteration (may span several cache blocks), warps and pipeline stages, by
+# head size. Head size 64 (Qwen2.5-0.5B, W2): 128 keys and 2 stages, 47.6 against 51.3 us at 256 requests of
+# 100-2,000 tokens (decode_sweep_w2_h200_session12.json); head size 128 (the 7B shapes) as tuned before.
+DECODE_LAUNCH = {64: {"block_n": 128, "num_warps": 4, "num_stages": 2},
+                 128: {"block_n": 64, "num_warps": 4, "num_stages": 3}}
 _MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
 # Programs per SM the KV splits aim for. One program per (request, KV head) and slice: the step lasts as long
 # as the program with the longest slice, so with contexts of unequal length (W2: 100-2,000 tokens) finer
 # slices balance the SMs; a benchmark knob (benchmarks/throughput.py --decode-programs-per-sm).
 PROGRAMS_PER_SM = 8
+
+
+def decode_launch(head_dim: int) -> dict:
+    """The split kernel's default ``block_n``, ``num_warps`` and ``num_stages`` for ``head_dim``."""
+    return DECODE_LAUNCH[64] if head_dim <= 64 else DECODE_LAUNCH[128]
 
 
 # stride_btb is the padded width of the step's block table, which changes from step to step: unspecialized,
@@ -150,7 +159,8 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
 
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-                           max_seq_len: int | None = None, num_splits: int | None = None) -> torch.Tensor:
+                           max_seq_len: int | None = None, num_splits: int | None = None,
+                           launch: dict | None = None) -> torch.Tensor:
     """Attention of one new query token per request over its paged context (new token's K/V already stored).
 
     Args:
@@ -164,6 +174,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         max_seq_len: an upper bound on ``seq_lens`` (tokens); defaults to ``max_blocks * block_size``
             so that no device-to-host copy is needed.
         num_splits: slices per request; default from :func:`choose_num_splits`.
+        launch: the split kernel's ``block_n`` (keys per iteration), ``num_warps`` and ``num_stages``, each
+            defaulting to :func:`decode_launch` (a benchmark knob, ``benchmarks/decode_sweep.py``).
     Returns:
         ``[B, Hq, D]``, dtype of ``q``; softmax and accumulation in float32.
     Raises:
@@ -194,13 +206,14 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     else:
         part_out = part_lse = out  # unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    launch = {**decode_launch(head_dim), **(launch or {})}
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
         group_size, head_dim, block_size,
-        NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=_BLOCK_N,
+        NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=launch["block_n"],
         BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch_size, num_heads)](

@@ -128,12 +128,19 @@ class RotaryEmbedding(nn.Module):
         half = x.shape[-1] // 2
         return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache_write: tuple | None = None):
+        """``cache_write``: ``(v, kv_cache, slot_mapping)``, also store the rotated keys and ``v`` in the paged
+        cache (one kernel on the Triton path; negative slots are skipped)."""
         if use_triton_layers(q):
             from . import triton_layers
-            return triton_layers.rotary_embedding(positions, q, k, self.cos, self.sin)
+            return triton_layers.rotary_embedding(positions, q, k, self.cos, self.sin, cache_write)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         q = q * cos + self._rotate_half(q) * sin
         k = k * cos + self._rotate_half(k) * sin
+        if cache_write is not None:
+            from ..attention.torch_ref import store_kv
+            v, kv_cache, slots = cache_write
+            keep = slots >= 0
+            store_kv(k[keep], v[keep], kv_cache, slots[keep])
         return q, k

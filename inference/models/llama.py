@@ -53,8 +53,11 @@ class DecoderAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
+        # kernel: one launch less a layer).
+        fused_store = meta.backend == "triton"
+        q, k = self.rotary(positions, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -38,7 +38,7 @@ def _fp8_gemm_kernel(
     out_ptr,       # [M, N] output dtype, contiguous
     M, N, K, stride_am, stride_bn, tiles_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALES: tl.constexpr = True,
 ):
     # Program (output column tile, row tile, K split): K tiles [pid_k * tiles_per_split, ...).
     pid_n = tl.program_id(0)
@@ -63,9 +63,10 @@ def _fp8_gemm_kernel(
             a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
             b = tl.load(b_rows + k[None, :], mask=mask_n[:, None] & (k < K)[None, :], other=0.0)
         acc = tl.dot(a, tl.trans(b), acc)
-    a_scale = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
-    b_scale = tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0)
-    acc = acc * a_scale[:, None] * b_scale[None, :]
+    if HAS_SCALES:  # else 16-bit operands (splitk_gemm)
+        a_scale = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
+        b_scale = tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0)
+        acc = acc * a_scale[:, None] * b_scale[None, :]
     _finish(acc, pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
@@ -154,14 +155,48 @@ def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
         raise ValueError(f"FP8 GEMM: {a_scale.numel()} row scales for {M} rows, {b_scale.numel()} column scales "
                          f"for {N} columns")
     a_scale, b_scale = a_scale.reshape(-1).contiguous(), b_scale.reshape(-1).contiguous()
-    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    return _launch(a, a_scale, b, b_scale, config, bias, torch.empty((M, N), dtype=out_dtype, device=a.device),
+                   counters, "FP8 GEMM")
+
+
+def _launch(a, a_scale, b, b_scale, config: Fp8GemmConfig, bias, out: torch.Tensor, counters, what: str):
+    # a_scale None: 16-bit operands, no scales (splitk_gemm).
+    M, K = a.shape
+    N = b.shape[0]
     plan = plan_split_k(M, N, triton.cdiv(K, config.block_k), config.split_k, config.block_m, config.block_n, out,
-                        counters, "FP8 GEMM")
+                        counters, what)
     if M:
         _fp8_gemm_kernel[plan.grid](
-            a, a_scale, b, b_scale, bias if bias is not None else out, plan.partial,
-            plan.counters if plan.counters is not None else out, out, M, N, K, a.stride(0), b.stride(0),
-            plan.tiles_per_split, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            SPLIT_K=plan.grid[2], HAS_BIAS=bias is not None, EVEN_K=K % config.block_k == 0,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            a, a_scale if a_scale is not None else out, b, b_scale if b_scale is not None else out,
+            bias if bias is not None else out, plan.partial, plan.counters if plan.counters is not None else out,
+            out, M, N, K, a.stride(0), b.stride(0), plan.tiles_per_split, BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=plan.grid[2], HAS_BIAS=bias is not None,
+            EVEN_K=K % config.block_k == 0, HAS_SCALES=a_scale is not None, num_warps=config.num_warps,
+            num_stages=config.num_stages)
     return out
+
+
+def splitk_gemm(a: torch.Tensor, b: torch.Tensor, config: Fp8GemmConfig, bias: torch.Tensor | None = None,
+                counters: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b^T + bias`` for 16-bit operands with the same tiles and K split as :func:`fp8_gemm`.
+
+    Not used by the engine: on the H200 it did not beat cuBLAS on Qwen2.5-0.5B's decode GEMMs at 64-256
+    rows (``gemm_sweep_w2_bf16_h200_session12.json``); kept for that sweep (``benchmarks/gemm_sweep.py``).
+
+    Args:
+        a: ``[M, K]`` bf16/fp16, unit column stride; b: ``[N, K]`` same dtype, unit column stride.
+        config, bias, counters: as in :func:`fp8_gemm`.
+    Returns:
+        ``[M, N]`` in the operands' dtype (float32 accumulation).
+    Raises:
+        ValueError: on mismatched shapes or dtypes, or too few counters.
+    """
+    M, K = a.shape
+    N = b.shape[0]
+    if b.shape[1] != K or a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"GEMM: a {tuple(a.shape)} {a.dtype} and b {tuple(b.shape)} {b.dtype} must be "
+                         "[M, K] and [N, K] of one 16-bit dtype")
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("GEMM: both operands need a unit column stride")
+    return _launch(a, None, b, None, config, bias, torch.empty((M, N), dtype=a.dtype, device=a.device), counters,
+                   "GEMM")

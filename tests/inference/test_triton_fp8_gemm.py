@@ -13,7 +13,7 @@ from .triton_interpreter import HAS_CUDA  # noqa: E402  (sets TRITON_INTERPRET=1
 triton = pytest.importorskip("triton")
 
 from inference.quantization.fp8 import quantize_fp8_rowwise  # noqa: E402
-from inference.quantization.triton_fp8_gemm import Fp8GemmConfig, counters_size, fp8_gemm  # noqa: E402
+from inference.quantization.triton_fp8_gemm import Fp8GemmConfig, counters_size, fp8_gemm, splitk_gemm  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -57,3 +57,18 @@ def test_fp8_gemm_refuses_bad_operands():
         fp8_gemm(a, a_scale[:3], b, b_scale, config)
     with pytest.raises(ValueError, match="counters"):
         fp8_gemm(a, a_scale, b, b_scale, config, counters=torch.zeros(0, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("M, K, N", [(1, 256, 96), (19, 200, 130)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_16_bit_split_k_gemm_equals_the_float32_product(M, K, N, split_k):
+    g = torch.Generator(device=DEVICE).manual_seed(M + K + N)
+    a = torch.randn(M, K, generator=g, device=DEVICE).to(torch.bfloat16)
+    b = (torch.randn(N, K, generator=g, device=DEVICE) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(N, generator=g, device=DEVICE).to(torch.bfloat16)
+    config = Fp8GemmConfig(block_m=16, block_n=32, split_k=split_k, block_k=64, num_warps=4, num_stages=2)
+    out = splitk_gemm(a, b, config, bias=bias)
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), a.float() @ b.float().t() + bias.float(), atol=2e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match="16-bit"):
+        splitk_gemm(a.float(), b, config)

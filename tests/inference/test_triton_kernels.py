@@ -249,6 +249,31 @@ def test_rotary_embedding_matches_module(dtype, num_heads, num_kv_heads, head_di
     assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim:], v_before)  # v untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rotary_kernel_writes_the_rotated_keys_and_values_to_the_cache(dtype):
+    """With ``cache_write`` the rotary kernel also does the store kernel's job: the cache afterwards is what
+    rotary then ``store_kv_cache`` leave, padding rows (slot -1) not stored, q and k rotated as before."""
+    num_heads, num_kv_heads, head_dim, block_size, num_tokens = 14, 2, 64, 16, 9
+    rotary = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), head_dim, max_position=256).to(DEVICE)
+    rotary.reset_buffers()
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=DEVICE)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k, v = (t.view(num_tokens, -1, head_dim) for t in (q, k, v))
+    positions = torch.randint(0, 256, (num_tokens,), device=DEVICE)
+    slots = torch.randperm(6 * block_size, device=DEVICE)[:num_tokens]
+    slots[[2, 7]] = -1
+    q0, k0 = q.clone(), k.clone()
+    expected_cache = torch.zeros(2, 6, block_size, num_kv_heads, head_dim, dtype=dtype, device=DEVICE)
+    expected_q, expected_k = triton_layers.rotary_embedding(positions, q0, k0, rotary.cos, rotary.sin)
+    store_kv_cache(expected_k, v, expected_cache, slots)
+    cache = torch.zeros_like(expected_cache)
+    got_q, got_k = triton_layers.rotary_embedding(positions, q, k, rotary.cos, rotary.sin, (v, cache, slots))
+    assert torch.equal(got_q, expected_q) and torch.equal(got_k, expected_k)
+    assert torch.equal(cache, expected_cache)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        triton_layers.rotary_embedding(positions, q, k, rotary.cos, rotary.sin, (v, cache, slots.int()))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(5, 200), (3, 3000), pytest.param((1024, 2 * 18944), marks=gpu_only)], ids=str)
 def test_silu_and_mul_matches_reference(dtype, shape):

@@ -1,0 +1,108 @@
+"""The decode attention kernel's launch grid at one model's shape: KV splits, keys per iteration, warps, stages.
+
+W2 (Qwen2.5-0.5B: 14 query heads, 2 KV heads, head size 64) decodes up to 256 requests whose contexts
+run from 100 to 2,048 tokens; each (request, KV head) program reads little, so the split count and the
+inner tile decide how well the SMs are used. Contexts are drawn uniform in ``--context-range`` (seeded),
+block tables shuffled. Every config is checked against the default launch's output, then timed by CUDA
+graph replay (``triton.testing.do_bench_cudagraph``); K/V bytes read give the bandwidth.
+
+    python benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b --batch-sizes 256 128 --output-json OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_kernels import model_config  # noqa: E402
+
+BLOCK = 16
+
+
+# (splits, keys per iteration, warps, stages): the full grid, and the neighbourhood of the defaults
+GRIDS = {"full": ((1, 2, 4, 8, 16), (32, 64, 128), (2, 4), (2, 3)),
+         "quick": ((2, 4, 8), (64, 128), (4,), (2, 3))}
+
+
+def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, grid: str) -> dict:
+    import triton
+
+    from inference.attention.triton_decode import choose_num_splits, decode_launch, paged_decode_attention
+    g = torch.Generator().manual_seed(batch)
+    lens = torch.randint(lo, hi + 1, (batch,), generator=g)
+    needed = [-(-int(n) // BLOCK) for n in lens]
+    ids = torch.randperm(sum(needed), generator=g).int()
+    table = torch.zeros(batch, max_seq_len // BLOCK, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(needed):
+        table[i, :n] = ids[start:start + n]
+        start += n
+    table, seq_lens = table.cuda(), lens.int().cuda()
+    cache = torch.randn(2, sum(needed), BLOCK, hk, d, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    scale = d ** -0.5
+    nbytes = 2 * int(lens.sum()) * hk * d * 2
+    default_splits = choose_num_splits(batch, hk, max_seq_len, q.device)
+    ref = paged_decode_attention(q, cache, table, seq_lens, scale, max_seq_len=max_seq_len)
+    rows = []
+    for splits, block_n, warps, stages in itertools.product(*GRIDS[grid]):
+        launch = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+        out = torch.empty_like(q)
+
+        def call(launch=launch, splits=splits, out=out):
+            return paged_decode_attention(q, cache, table, seq_lens, scale, out=out, max_seq_len=max_seq_len,
+                                          num_splits=splits, launch=launch)
+        try:
+            err = (call().float() - ref.float()).abs().max().item()
+            ms = triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median")
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory or registers
+            rows.append(dict(splits=splits, **launch, error=str(exc).splitlines()[0][:160]))
+            continue
+        rows.append(dict(splits=splits, **launch, us=ms * 1000, GBps=nbytes / ms / 1e6, max_abs_err=err,
+                         ok=err < 3e-2))
+    timed = sorted((r for r in rows if r.get("ok")), key=lambda r: r["us"])
+    default = next(r for r in rows if r["splits"] == default_splits and all(
+        r[k] == v for k, v in decode_launch(d).items()))
+    print(f"batch {batch}: default (splits {default_splits}, {decode_launch(d)}) {default['us']:.1f} us "
+          f"{default['GBps']:.0f} GB/s", flush=True)
+    for r in timed[:8]:
+        print(f"   splits {r['splits']:2d} block_n {r['block_n']:3d} warps {r['num_warps']} stages "
+              f"{r['num_stages']}: {r['us']:.1f} us {r['GBps']:.0f} GB/s", flush=True)
+    return dict(batch=batch, context_tokens=int(lens.sum()), kv_bytes=nbytes, default_splits=default_splits,
+                default=default, best=timed[:8], all=rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-0.5b", help="its config gives the head shapes")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[256, 128])
+    parser.add_argument("--context-range", nargs=2, type=int, default=[100, 2000])
+    parser.add_argument("--max-seq-len", type=int, default=2048, help="the engine's bound (max_model_len)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="full")
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("the decode sweep needs a CUDA device")
+    from throughput import write_result
+
+    cfg = model_config(args.model)
+    hq, hk = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    started = time.time()
+    result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name(0), "model": args.model, "hq": hq, "hk": hk, "head_dim": d,
+              "batches": [bench_batch(b, *args.context_range, hq, hk, d, args.max_seq_len, args.grid) for b in args.batch_sizes]}
+    result["seconds"] = time.time() - started
+    write_result(result, args.output_json, "decode_sweep.json")
+
+
+if __name__ == "__main__":
+    main()
