@@ -16,14 +16,13 @@
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
 #   check-ms  multi-step (8) vs single decode steps, float32 and bfloat16 (gpu_check)
 #   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
-#   w2-n4-torch-argmax  the same with torch.argmax for greedy sampling instead of the Triton kernel
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
 #   w2-n4-repeat  W2 with 4 scheduler steps three times on one engine, with the Triton builds in each timed run
 #   silu-fp8  the FP8 SwiGLU kernel reading its row once against the two-pass one (benchmarks/kernels.py)
 #   w2-split2 / w2-split8   W2 (N=1, 4) with the decode attention's KV splits aimed at 2 / 8 programs per SM
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
-#   gpu-kernels   the attention, layer, argmax and FP8 GEMM kernel tests and the Triton-backend engine test on the GPU
-#   kernels-s12   kernels.py's fused rotary + KV store and argmax cases
+#   gpu-kernels   the attention, layer and FP8 GEMM kernel tests and the Triton-backend engine test on the GPU
+#   kernels-s12   kernels.py's fused rotary + KV store case
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
 #   decode-sweep  the decode attention's splits / keys per iteration / warps / stages at W2's shape (256, 128 rows)
 #   gemm-sweep    W2's bf16 GEMMs: cuBLAS against the Triton split-K GEMM's grid at 64-256 rows
@@ -115,9 +114,6 @@ for step in "$@"; do
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --repeat 3 --output-json "$OUT/w2_n4_repeat.json" ;;
   silu-fp8) run_step silu-fp8 200 python3 benchmarks/kernels.py --only silu --out "$OUT/kernels_silu_fp8.json" ;;
-  w2-n4-torch-argmax) run_step w2-n4-torch-argmax 150 python3 benchmarks/throughput.py --load-format dummy \
-      --dtype bfloat16 --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
-      --max-num-batched-tokens 16384 --num-scheduler-steps 4 --argmax torch --output-json "$OUT/w2_n4_torch_argmax.json" ;;
   w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;
@@ -129,9 +125,9 @@ for step in "$@"; do
       --model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --decode-programs-per-sm 8 --output-json "$OUT/w3_split8.json" ;;
   gpu-kernels) run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
-      tests/inference/test_triton_argmax.py tests/inference/test_triton_fp8_gemm.py \
+      tests/inference/test_triton_fp8_gemm.py \
       tests/inference/test_triton_backend_engine.py ;;
-  kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only argmax,rotary_store \
+  kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;
   decode-quick) run_step decode-quick 120 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
       --batch-sizes 256 128 --grid quick --output-json "$OUT/decode_quick.json" ;;

@@ -10,7 +10,7 @@ Attention cases also report achieved bandwidth (decode: K/V bytes read) or arith
 
     python benchmarks/kernels.py                  # H200: writes benchmarks/results/kernels_h200.json
     python benchmarks/kernels.py --only decode    # cases whose name contains "decode"
-    python benchmarks/kernels.py --only argmax,rotary_store   # ... either of these
+    python benchmarks/kernels.py --only rotary,silu   # ... either of these
 
 Exits 1 if any case disagrees with its reference (after timing all of them), 2 without CUDA.
 """
@@ -173,14 +173,6 @@ def rotary_store_case(tokens: int, dtype) -> dict:
                 triton=fused, torch=separate, check=check, bytes=2 * (q.numel() + 2 * k.numel()) * q.element_size())
 
 
-def argmax_case(rows: int, vocab: int, dtype) -> dict:
-    """Greedy sampling's argmax over a Qwen2.5-sized vocabulary: Triton against torch.argmax."""
-    from inference.sampling.triton_argmax import argmax_rows
-    logits = torch.randn(rows, vocab, dtype=dtype, device="cuda")
-    return dict(name=f"argmax_{rows}x{vocab}", shape=dict(rows=rows, vocab=vocab), triton=lambda: argmax_rows(logits),
-                torch=lambda: logits.argmax(dim=-1), bytes=logits.numel() * logits.element_size())
-
-
 def layer_cases(tokens: int, dtype) -> list[dict]:
     from inference.models import triton_layers as tl_layers
     from inference.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
@@ -314,7 +306,6 @@ def main() -> int:
         lambda: store_case(256, dtype),
         lambda: store_case(8192, dtype),
         lambda: rotary_store_case(256, dtype),
-        lambda: argmax_case(256, 151936, dtype),
         lambda: layer_cases(256, dtype),
         lambda: layer_cases(8192, dtype),
     ]

@@ -263,13 +263,8 @@ def main() -> None:
                              "LLM.generate (and vLLM's throughput benchmark) asks for, or every step's deltas")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the workload this many times on the same engine (the first is the result)")
-    parser.add_argument("--argmax", choices=["triton", "torch"], default="triton",
-                        help="greedy sampling's argmax on CUDA: the Triton kernel or torch.argmax")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
-    if args.argmax == "torch":
-        from inference.sampling import sampler
-        sampler.TRITON_ARGMAX = False
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
