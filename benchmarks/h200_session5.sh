@@ -16,6 +16,7 @@
 #   check32   prefix caching on/off and swap vs recompute in float32 (gpu_check)
 #   check-ms  multi-step (8) vs single decode steps, float32 and bfloat16 (gpu_check)
 #   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
+#   w2-n4-stepwise  W2 (4 scheduler steps) with its windows launched step by step, not as one CUDA graph each
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
 #   w2-n4-repeat  W2 with 4 scheduler steps three times on one engine, with the Triton builds in each timed run
 #   silu-fp8  the FP8 SwiGLU kernel reading its row once against the two-pass one (benchmarks/kernels.py)
@@ -26,6 +27,7 @@
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
 #   decode-sweep  the decode attention's splits / keys per iteration / warps / stages at W2's shape (256, 128 rows)
 #   gemm-sweep    W2's bf16 GEMMs: cuBLAS against the Triton split-K GEMM's grid at 64-256 rows
+#   w2-n4-prof  the same with 4 scheduler steps (32 windows), with the device's busy fraction and idle gaps
 #   w2-prof   W2's kernel table over 32 decode steps once all 256 are admitted (torch profiler)
 #   fp8-layouts   torch._scaled_mm in both operand orders vs bf16, per linear shape and row count
 #   fp8-triton-sweep  the Triton FP8 GEMM's tile/split grid against torch._scaled_mm, 16-256 rows
@@ -39,7 +41,8 @@
 #   ppl-fp8   perplexity of the packaged SmolLM2 unquantized vs FP8 (the GGUF, 98 MB, is over one call's
 #             carry limit: it travels in two parts: step stash-a with .devcarry/a carried copies part a to
 #             /tmp, then ppl-fp8 in the next call, at once while the machine is warm, with .devcarry/b)
-# Carried, git-ignored: .gpucache (dummy model dirs; or .devcarry/*/gpucache.tar.xz, unpacked here),
+# Carried, git-ignored: .devcarry/smollm2-tok (SmolLM2's tokenizer files, for the tiny-model engine tests),
+# .gpucache (dummy model dirs; or .devcarry/*/gpucache.tar.xz, unpacked here),
 # peer/ (a copy of ../shared/peer).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TESSERA_CACHE_DIR=/tmp/tessera-cache TESSERA_LOGGING_LEVEL=WARNING
@@ -114,6 +117,9 @@ for step in "$@"; do
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --repeat 3 --output-json "$OUT/w2_n4_repeat.json" ;;
   silu-fp8) run_step silu-fp8 200 python3 benchmarks/kernels.py --only silu --out "$OUT/kernels_silu_fp8.json" ;;
+  w2-n4-stepwise) run_step w2-n4-stepwise 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 4 --no-window-graphs --output-json "$OUT/w2_n4_stepwise.json" ;;
   w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;
@@ -124,8 +130,8 @@ for step in "$@"; do
   w3-split8) run_step w3-split8 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --decode-programs-per-sm 8 --output-json "$OUT/w3_split8.json" ;;
-  gpu-kernels) run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
-      tests/inference/test_triton_fp8_gemm.py \
+  gpu-kernels) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
+      tests/inference/test_triton_fp8_gemm.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py ;;
   kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;
@@ -135,6 +141,9 @@ for step in "$@"; do
       --batch-sizes 256 128 --output-json "$OUT/decode_sweep.json" ;;
   gemm-sweep) run_step gemm-sweep 300 python3 benchmarks/gemm_sweep.py --model .gpucache/qwen2.5-0.5b \
       --batch-sizes 64 128 256 --output-json "$OUT/gemm_sweep.json" ;;
+  w2-n4-prof) run_step w2-n4-prof 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 4 --profile-steps 32 --output-json "$OUT/w2_n4_profile.json" ;;
   w2-prof) run_step w2-prof 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --profile-steps 32 --output-json "$OUT/w2_profile.json" ;;

@@ -112,12 +112,40 @@ class TritonCompileWatch:
                 "examples": self.examples}
 
 
+def device_timeline(prof, wall_s: float) -> dict:
+    """How busy the device was between the profiled run's first and last kernel: the union of kernel
+    intervals against that span, and the idle gaps between kernels (the host not keeping it fed)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        return {"wall_ms": wall_s * 1e3}
+    busy, gaps = 0.0, []
+    cur_start, cur_end = spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append(start - cur_end)
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    span = spans[-1][1] - spans[0][0] if spans else 0.0
+    span = max(span, cur_end - spans[0][0])
+    long = [g for g in gaps if g > 20]
+    return {"wall_ms": round(wall_s * 1e3, 3), "device_span_ms": round(span / 1e3, 3),
+            "device_busy_ms": round(busy / 1e3, 3), "busy_fraction": round(busy / span, 4) if span else None,
+            "gaps_over_20us": {"count": len(long), "ms": round(sum(long) / 1e3, 3)},
+            "gaps_all_ms": round(sum(gaps) / 1e3, 3), "largest_gaps_us": [round(g, 1) for g in sorted(gaps)[-10:]]}
+
+
 def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
     """Run ``fn`` under the profiler; the ``top`` kernels by total device time (ms) and their share."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        wall_s = time.perf_counter() - started
     events = prof.key_averages()
     runtime = sorted((e for e in events if e.key.startswith(("cuda", "cu"))), key=lambda e: e.self_cpu_time_total,
                      reverse=True)[:12]
@@ -125,7 +153,7 @@ def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
             or getattr(e, "self_device_time_total", 0) > 0]
     rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in rows) or 1.0
-    return {"device_ms_total": total / 1000,
+    return {"device_ms_total": total / 1000, "timeline": device_timeline(prof, wall_s),
             "kernels": [{"name": e.key[:120], "calls": e.count, "device_ms": round(e.self_device_time_total / 1000, 3),
                          "share": round(e.self_device_time_total / total, 4)} for e in rows[:top]],
             "runtime_calls_host_ms": {e.key: round(e.self_cpu_time_total / 1000, 3) for e in runtime},

@@ -97,7 +97,9 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     into ``repeats`` (the first run's figures stay the result), which separates what a first run pays
     once (kernel variants built, caches filled) from the steady state.
     """
+    built = time.perf_counter()
     llm = make_llm(args, num_scheduler_steps)
+    build_s = time.perf_counter() - built  # weights, KV cache, CUDA graphs (and window graphs)
     engine = llm.llm_engine
     kind = RequestOutputKind[getattr(args, "output_kind", "final_only").upper()]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, output_kind=kind) for n in outputs]
@@ -105,7 +107,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     result = timed_run(engine, prompts, outputs, params, getattr(args, "phase_timers", False), "")
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
-    result.update({"num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
+    result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
+                   "num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
                    "hf_config": engine.config.hf_config, "hf_model_dir": engine.config.model_dir,
@@ -263,8 +266,13 @@ def main() -> None:
                              "LLM.generate (and vLLM's throughput benchmark) asks for, or every step's deltas")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the workload this many times on the same engine (the first is the result)")
+    parser.add_argument("--no-window-graphs", action="store_true",
+                        help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
+    if args.no_window_graphs:
+        from inference.runner import window_graph
+        window_graph.ENABLED = False
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
@@ -282,6 +290,7 @@ def main() -> None:
             print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
         print("  CUDA runtime calls, host ms:", prof["runtime_calls_host_ms"])
         print("  host ops, self ms:", prof["host_ops_self_ms"])
+        print("  device timeline:", prof["timeline"])
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
     for index, num_steps in enumerate(args.num_scheduler_steps):

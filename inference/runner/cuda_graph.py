@@ -102,8 +102,9 @@ class CudaGraphRunner:
             return False
         return inputs.meta.decode_only and 0 < inputs.input_ids.shape[0] <= self.max_batch
 
-    def run(self, inputs: ModelInput) -> torch.Tensor:
-        """Replay the smallest graph that fits; returns hidden states ``[B, H]`` (a view of the graph output)."""
+    def load_inputs(self, inputs: ModelInput) -> int:
+        """Copy a decode batch of ``B`` requests into the persistent buffers, rows ``B`` up to the
+        smallest bucket that fits marked as padding; returns that bucket."""
         batch = inputs.input_ids.shape[0]
         size = next(s for s in self.sizes if s >= batch)
         meta = inputs.meta
@@ -115,5 +116,10 @@ class CudaGraphRunner:
         self.block_tables[:batch, :width].copy_(meta.block_tables)
         self.seq_lens[:batch].copy_(meta.seq_lens)
         self.seq_lens[batch:size].zero_()
+        return size
+
+    def run(self, inputs: ModelInput) -> torch.Tensor:
+        """Replay the smallest graph that fits; returns hidden states ``[B, H]`` (a view of the graph output)."""
+        size = self.load_inputs(inputs)
         self.graphs[size].replay()
-        return self.outputs[size][:batch]
+        return self.outputs[size][:inputs.input_ids.shape[0]]

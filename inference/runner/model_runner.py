@@ -88,6 +88,7 @@ class ModelRunner:
         self._sampling_cache: tuple[list, SamplingMetadata] | None = None
         self.attention_backend = resolve_backend(config.attention_backend, self.device)
         self.graph_runner = None
+        self.window_graphs = None
         self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
         self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
         if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
@@ -96,6 +97,11 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
                                                 max_blocks, self.block_size, self.num_kv_heads, self.device)
             self.graph_runner.capture()
+            from . import window_graph  # noqa: PLC0415
+            if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
+                self.window_graphs = window_graph.DecodeWindowGraphs(self.graph_runner, self.model.compute_logits,
+                                                        config.scheduler.num_scheduler_steps)
+                self.window_graphs.capture()
         self._log_memory()
 
     def _zeros(self, shape: tuple[int, ...], cpu: bool = False) -> torch.Tensor:
@@ -178,6 +184,9 @@ class ModelRunner:
             inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
                                                        self.num_kv_heads, self._max_seq_len, self.device)
         if sched_out is not None and sched_out.num_steps > 1:
+            if self.window_graphs is not None and self.window_graphs.can_run(inputs, sched_out.num_steps,
+                                                                             sampling_meta):
+                return self.window_graphs.run(inputs)
             return run_decode_window(self._decode_and_sample, inputs, sampling_meta, sched_out.num_steps,
                                      self.block_size)
         hidden = self._forward(inputs)
@@ -240,6 +249,8 @@ class ModelRunner:
     def release_graphs(self) -> None:
         """Destroy the captured CUDA graphs (idempotent; later decode steps run eagerly). Tensor-parallel
         ranks call it before tearing down their communicators (see ``CudaGraphRunner.release``)."""
+        if self.window_graphs is not None:
+            self.window_graphs.release()
         if self.graph_runner is not None:
             self.graph_runner.release()
 

@@ -46,6 +46,12 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     step_invariant: bool = False
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row takes the argmax of the raw logits: greedy, no logprobs, penalties, bias or bans."""
+        return (self.all_greedy and self.max_num_logprobs is None and self.presence is None
+                and not any(self.logit_bias) and not any(self.min_tokens_mask))
+
     @classmethod
     def from_requests(cls, requests: list[Request], vocab_size: int, device: str) -> "SamplingMetadata":
         params = [r.sampling_params for r in requests]

@@ -54,8 +54,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """``logits [N, V]`` (any float dtype; float32 is used for everything but a plain greedy argmax,
         which converting would not change) -> one token per row."""
-        if not (meta.all_greedy and meta.max_num_logprobs is None and meta.presence is None
-                and not any(meta.logit_bias) and not any(meta.min_tokens_mask)):
+        if not meta.plain_greedy:
             logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         logits = self._apply_bias_and_bans(logits, meta)

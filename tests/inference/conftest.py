@@ -32,9 +32,14 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_dir):
+def smollm2_tokenizer(request):
+    """SmolLM2's tokenizer; from ``$TESSERA_TEST_TOKENIZER`` (a folder of its tokenizer files) where that is
+    set: the GPU machine has no package registry for the packaged model, only the files carried to it."""
+    import os
+
     from inference.model_loader import load_tokenizer
-    return load_tokenizer(smollm2_dir)
+    folder = os.environ.get("TESSERA_TEST_TOKENIZER")
+    return load_tokenizer(folder if folder else request.getfixturevalue("smollm2_dir"))
 
 
 @pytest.fixture(scope="session")

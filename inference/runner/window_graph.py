@@ -1,0 +1,112 @@
+"""A whole multi-step decode window as one CUDA graph: ``N`` steps, greedy sampling included.
+
+A window of :mod:`.multi_step` launches, per step, the decode graph's input copies, its replay, the
+LM head, the argmax and the small tensor ops that make the next step's inputs: about twenty launches
+a step from the host. At Qwen2.5-0.5B's size (W2) a 256-request decode step is about 2 ms of kernels
+and the host fell behind: over 32 windows the H200 was busy 68% of the time, with idle gaps of
+0.02-6 ms between kernels (``kernel_profile_w2_n4_h200_session12.json``, under the profiler).
+
+Here the ``N`` steps of a full-length window of greedy requests are captured once per batch bucket:
+step ``k + 1``'s positions, sequence lengths, slots and input tokens are computed in the graph from
+step ``k``'s, exactly as :func:`.multi_step.next_decode_inputs` computes them, and the greedy argmax
+writes each step's tokens into a persistent ``[B, N]`` buffer. A window is then the decode graph's
+input copies and one replay. Padding rows of the bucket keep sequence length 0 and slot -1 (they
+store nothing and read nothing), their positions start at 0.
+
+Windows of other lengths (cut near ``max_model_len``), sampled (non-greedy) or logit-processed
+requests, and tensor parallelism take the step-by-step path.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .cuda_graph import CudaGraphRunner
+from .input_batch import ModelInput
+from .multi_step import MultiStepHandle
+
+logger = logging.getLogger(__name__)
+ENABLED = True  # a benchmark knob (benchmarks/throughput.py --no-window-graphs): capture window graphs at all
+
+
+class DecodeWindowGraphs:
+    """Window graphs over a :class:`CudaGraphRunner`'s persistent input buffers.
+
+    Args:
+        graphs: the decode-step graph runner (its buffers are the windows' inputs).
+        compute_logits: ``hidden [B, H] -> logits [B, V]`` (the model's LM head, one rank).
+        num_steps: the window length ``N`` captured (``num_scheduler_steps``).
+    """
+
+    def __init__(self, graphs: CudaGraphRunner, compute_logits, num_steps: int) -> None:
+        self.graphs = graphs
+        self.compute_logits = compute_logits
+        self.num_steps = num_steps
+        self.tokens = torch.zeros(graphs.max_batch, num_steps, dtype=torch.long, device=graphs.input_ids.device)
+        self.windows: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def _advance(self, size: int, live: torch.Tensor, step: int) -> None:
+        # The next step's inputs, in place: next_decode_inputs on the graph's buffers (padding rows inert).
+        g = self.graphs
+        positions = g.positions[:size]
+        positions += 1
+        g.seq_lens[:size] += live.to(torch.int32)
+        blocks = g.block_tables[:size].gather(1, (positions // g.block_size)[:, None]).squeeze(1).long()
+        g.slot_mapping[:size].copy_(torch.where(live, blocks * g.block_size + positions % g.block_size, -1))
+        g.input_ids[:size].copy_(self.tokens[:size, step - 1])
+
+    def _window(self, size: int) -> None:
+        g = self.graphs
+        meta = g._metadata(size)
+        live = g.seq_lens[:size] > 0
+        for step in range(self.num_steps):
+            if step:
+                self._advance(size, live, step)
+            hidden = g.model(g.input_ids[:size], g.positions[:size], g.kv_caches, meta)
+            self.tokens[:size, step] = self.compute_logits(hidden).argmax(dim=-1)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture one window graph per bucket, largest first, in one memory pool. The buffers hold
+        padding rows (sequence length 0, slot -1) meanwhile, so the warm-up writes no cache slot."""
+        g = self.graphs
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(g.sizes):
+            g.positions.zero_()
+            g.seq_lens.zero_()
+            g.slot_mapping.fill_(-1)
+            self._window(size)  # warm-up outside the capture (the LM head and argmax at this size)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._window(size)
+            self.windows[size] = graph
+        g.positions.zero_()
+        g.seq_lens.zero_()
+        g.slot_mapping.fill_(-1)
+        torch.cuda.synchronize()
+        logger.info("Captured %d-step decode window graphs for batch sizes %s", self.num_steps, g.sizes)
+
+    def release(self) -> None:
+        """Destroy the captured window graphs (idempotent)."""
+        if self.windows:
+            torch.cuda.synchronize()
+            for graph in self.windows.values():
+                graph.reset()
+            self.windows.clear()
+
+    def can_run(self, inputs: ModelInput, num_steps: int, sampling_meta) -> bool:
+        """A full window of a decode batch the graphs fit, every row plain greedy."""
+        batch = inputs.input_ids.shape[0]
+        return (num_steps == self.num_steps and bool(self.windows) and sampling_meta is not None
+                and sampling_meta.plain_greedy and inputs.meta.decode_only and 0 < batch <= self.graphs.max_batch
+                and inputs.logits_indices.shape[0] == batch)
+
+    def run(self, inputs: ModelInput) -> MultiStepHandle:
+        """Launch the window of a decode batch ``B``; its ``[B, N]`` tokens come back as a multi-step window's."""
+        batch = inputs.input_ids.shape[0]
+        size = self.graphs.load_inputs(inputs)
+        self.graphs.positions[batch:size].zero_()
+        self.windows[size].replay()
+        return MultiStepHandle(self.tokens[:batch])

@@ -1,0 +1,99 @@
+"""Whole multi-step windows replayed as one CUDA graph (``runner/window_graph.py``).
+
+CUDA graphs need a GPU; on the CPU the window's captured body (its in-graph input advance, LM head
+and argmax over padded buckets) runs eagerly in place of the replay, under Triton's interpreter, and
+must give the step-by-step path's greedy tokens. On the H200 the same tests capture real graphs.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from .triton_interpreter import HAS_CUDA  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+
+pytest.importorskip("triton")
+
+from inference import LLM, SamplingParams  # noqa: E402
+from inference.runner.cuda_graph import CudaGraphRunner  # noqa: E402
+from inference.runner.window_graph import DecodeWindowGraphs  # noqa: E402
+
+from .conftest import make_tiny_model  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+class _EagerWindow:
+    """Stands in for a captured window graph on the CPU: ``replay()`` runs the captured body."""
+
+    def __init__(self, windows: DecodeWindowGraphs, size: int, replays: list) -> None:
+        self.windows, self.size, self.replays = windows, size, replays
+
+    def replay(self) -> None:
+        self.replays.append(self.size)
+        self.windows._window(self.size)
+
+
+def _llm(folder, **kw) -> LLM:
+    return LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, kv_cache_space=0.05,
+               attention_backend="triton", device=DEVICE, dtype="float32", block_size=16, num_scheduler_steps=4,
+               max_num_seqs=8, **kw)
+
+
+def _attach_windows(llm: LLM) -> list:
+    """The engine's runner with window graphs: captured on a GPU, eager stand-ins on the CPU."""
+    runner = llm.llm_engine.runner
+    replays: list[int] = []
+    if HAS_CUDA:
+        assert runner.window_graphs is not None and runner.window_graphs.windows
+        original = runner.window_graphs.run
+
+        def counted(inputs):
+            replays.append(inputs.input_ids.shape[0])
+            return original(inputs)
+        runner.window_graphs.run = counted
+        return replays
+    graphs = CudaGraphRunner(runner.model, runner.kv_caches, 8, -(-128 // 16), 16, runner.num_kv_heads, DEVICE)
+    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, 4)
+    windows.windows = {size: _EagerWindow(windows, size, replays) for size in graphs.sizes}
+    runner.window_graphs = windows
+    return replays
+
+
+@pytest.mark.timeout(900)
+def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tokenizer):
+    folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
+    rng = random.Random(5)
+    # 3 and then fewer running requests: buckets with padding rows; lengths that end mid-window.
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(3)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 14, 21)]
+    stepwise = _llm(folder, enforce_eager=True)
+    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                    use_tqdm=False)]
+    del stepwise
+    llm = _llm(folder)
+    replays = _attach_windows(llm)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert replays, "no window ran as a graph"
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+@pytest.mark.timeout(900)
+def test_sampled_requests_keep_the_step_by_step_window(tmp_path, smollm2_tokenizer):
+    """A window with a non-greedy request is not a graph window; its seeded tokens are the eager path's."""
+    folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
+    prompts = [[101, 2002, 3003, 4004, 5005], [7, 8, 9, 10, 11, 12]]
+    params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True)]
+    stepwise = _llm(folder, enforce_eager=True)
+    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                    use_tqdm=False)]
+    del stepwise
+    llm = _llm(folder)
+    replays = _attach_windows(llm)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert not replays
