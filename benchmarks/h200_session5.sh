@@ -17,6 +17,7 @@
 #   check-ms  multi-step (8) vs single decode steps, float32 and bfloat16 (gpu_check)
 #   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
 #   w2-n4-stepwise  W2 (4 scheduler steps) with its windows launched step by step, not as one CUDA graph each
+#   w2-n8     W2 with --num-scheduler-steps 8
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
 #   w2-n4-repeat  W2 with 4 scheduler steps three times on one engine, with the Triton builds in each timed run
 #   silu-fp8  the FP8 SwiGLU kernel reading its row once against the two-pass one (benchmarks/kernels.py)
@@ -120,6 +121,9 @@ for step in "$@"; do
   w2-n4-stepwise) run_step w2-n4-stepwise 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --no-window-graphs --output-json "$OUT/w2_n4_stepwise.json" ;;
+  w2-n8) run_step w2-n8 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
+      --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8.json" ;;
   w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;

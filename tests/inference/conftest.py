@@ -79,6 +79,17 @@ TINY_CONFIGS = {
 }
 
 
+def release_engine(llm) -> None:
+    """Drop an ``LLM`` and give its device memory back, so that the next engine a test builds on a GPU
+    sizes its KV cache from the free memory (each one takes ``gpu_memory_utilization`` of the device)."""
+    import gc
+    llm.close()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def make_tiny_model(kind: str, folder: Path, tokenizer, max_position_embeddings: int = 512, **shape) -> Path:
     """Save a tiny random-weight model of the given kind, with SmolLM2's tokenizer, in HF format.
 

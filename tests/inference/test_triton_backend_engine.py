@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from inference import LLM, SamplingParams  # noqa: E402
 
-from .conftest import hf_greedy, make_tiny_model  # noqa: E402
+from .conftest import hf_greedy, make_tiny_model, release_engine  # noqa: E402
 
 
 @pytest.mark.timeout(600)
@@ -29,9 +29,9 @@ def test_triton_backend_matches_transformers(kind, num_scheduler_steps, tmp_path
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 40))] for _ in range(4)]
     expected = [hf_greedy(hf, p, 12) for p in prompts]
     device = "cuda" if HAS_CUDA else "cpu"
-    llm = LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=32, kv_cache_space=0.05,
-              attention_backend="triton", device=device, dtype="float32", block_size=16,
-              num_scheduler_steps=num_scheduler_steps)
+    memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
+    llm = LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=32, attention_backend="triton",
+              device=device, dtype="float32", block_size=16, num_scheduler_steps=num_scheduler_steps, **memory)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
@@ -39,3 +39,4 @@ def test_triton_backend_matches_transformers(kind, num_scheduler_steps, tmp_path
         assert llm.llm_engine.num_multi_step_windows > 0
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
+    release_engine(llm)

@@ -19,7 +19,7 @@ from inference import LLM, SamplingParams  # noqa: E402
 from inference.runner.cuda_graph import CudaGraphRunner  # noqa: E402
 from inference.runner.window_graph import DecodeWindowGraphs  # noqa: E402
 
-from .conftest import make_tiny_model  # noqa: E402
+from .conftest import make_tiny_model, release_engine  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -36,9 +36,9 @@ class _EagerWindow:
 
 
 def _llm(folder, **kw) -> LLM:
-    return LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, kv_cache_space=0.05,
-               attention_backend="triton", device=DEVICE, dtype="float32", block_size=16, num_scheduler_steps=4,
-               max_num_seqs=8, **kw)
+    memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
+    return LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, attention_backend="triton",
+               device=DEVICE, dtype="float32", block_size=16, num_scheduler_steps=4, max_num_seqs=8, **memory, **kw)
 
 
 def _attach_windows(llm: LLM) -> list:
@@ -61,6 +61,23 @@ def _attach_windows(llm: LLM) -> list:
     return replays
 
 
+def _both_paths(folder, prompts, params) -> tuple[list, list, list]:
+    """Greedy/seeded tokens of the step-by-step engine (eager), then of one with window graphs, and the
+    sizes of the windows that ran as graphs; KV blocks all free again at the end."""
+    stepwise = _llm(folder, enforce_eager=True)
+    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                    use_tqdm=False)]
+    release_engine(stepwise)
+    llm = _llm(folder)
+    replays = _attach_windows(llm)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                         use_tqdm=False)]
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+    release_engine(llm)
+    return expected, got, replays
+
+
 @pytest.mark.timeout(900)
 def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tokenizer):
     folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
@@ -68,17 +85,9 @@ def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tok
     # 3 and then fewer running requests: buckets with padding rows; lengths that end mid-window.
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(3)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 14, 21)]
-    stepwise = _llm(folder, enforce_eager=True)
-    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                                    use_tqdm=False)]
-    del stepwise
-    llm = _llm(folder)
-    replays = _attach_windows(llm)
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == expected
+    expected, got, replays = _both_paths(folder, prompts, params)
+    assert got == expected
     assert replays, "no window ran as a graph"
-    kv = llm.llm_engine.kv_cache_manager
-    assert kv.num_free_blocks == kv.num_blocks
 
 
 @pytest.mark.timeout(900)
@@ -88,12 +97,6 @@ def test_sampled_requests_keep_the_step_by_step_window(tmp_path, smollm2_tokeniz
     prompts = [[101, 2002, 3003, 4004, 5005], [7, 8, 9, 10, 11, 12]]
     params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
               SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True)]
-    stepwise = _llm(folder, enforce_eager=True)
-    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                                    use_tqdm=False)]
-    del stepwise
-    llm = _llm(folder)
-    replays = _attach_windows(llm)
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == expected
+    expected, got, replays = _both_paths(folder, prompts, params)
+    assert got == expected
     assert not replays
