@@ -79,12 +79,11 @@ TINY_CONFIGS = {
 }
 
 
-def release_engine(llm) -> None:
-    """Drop an ``LLM`` and give its device memory back, so that the next engine a test builds on a GPU
-    sizes its KV cache from the free memory (each one takes ``gpu_memory_utilization`` of the device)."""
+def free_device_memory() -> None:
+    """Collect dropped engines and give their device memory back, so that the next engine a test builds
+    on a GPU sizes its KV cache from the free memory (each takes ``gpu_memory_utilization`` of the device).
+    The caller must hold no reference to the engines it dropped."""
     import gc
-    llm.close()
-    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

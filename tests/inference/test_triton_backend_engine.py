@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from inference import LLM, SamplingParams  # noqa: E402
 
-from .conftest import hf_greedy, make_tiny_model, release_engine  # noqa: E402
+from .conftest import free_device_memory, hf_greedy, make_tiny_model  # noqa: E402
 
 
 @pytest.mark.timeout(600)
@@ -39,4 +39,6 @@ def test_triton_backend_matches_transformers(kind, num_scheduler_steps, tmp_path
         assert llm.llm_engine.num_multi_step_windows > 0
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
-    release_engine(llm)
+    llm.close()
+    del llm, kv
+    free_device_memory()

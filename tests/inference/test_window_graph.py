@@ -19,7 +19,7 @@ from inference import LLM, SamplingParams  # noqa: E402
 from inference.runner.cuda_graph import CudaGraphRunner  # noqa: E402
 from inference.runner.window_graph import DecodeWindowGraphs  # noqa: E402
 
-from .conftest import make_tiny_model, release_engine  # noqa: E402
+from .conftest import free_device_memory, make_tiny_model  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -61,20 +61,23 @@ def _attach_windows(llm: LLM) -> list:
     return replays
 
 
-def _both_paths(folder, prompts, params) -> tuple[list, list, list]:
-    """Greedy/seeded tokens of the step-by-step engine (eager), then of one with window graphs, and the
-    sizes of the windows that ran as graphs; KV blocks all free again at the end."""
-    stepwise = _llm(folder, enforce_eager=True)
-    expected = [o.outputs[0].token_ids for o in stepwise.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                                    use_tqdm=False)]
-    release_engine(stepwise)
-    llm = _llm(folder)
-    replays = _attach_windows(llm)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                         use_tqdm=False)]
+def _generate(folder, prompts, params, windows: bool) -> tuple[list, list]:
+    """Token ids per prompt and the sizes of the windows that ran as graphs: the step-by-step engine
+    (eager) or one with window graphs. The engine is dropped on return; KV blocks all free again."""
+    llm = _llm(folder) if windows else _llm(folder, enforce_eager=True)
+    replays = _attach_windows(llm) if windows else []
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
-    release_engine(llm)
+    llm.close()
+    return [o.outputs[0].token_ids for o in outs], replays
+
+
+def _both_paths(folder, prompts, params) -> tuple[list, list, list]:
+    expected, _ = _generate(folder, prompts, params, windows=False)
+    free_device_memory()
+    got, replays = _generate(folder, prompts, params, windows=True)
+    free_device_memory()
     return expected, got, replays
 
 
