@@ -99,8 +99,8 @@ class ModelRunner:
             self.graph_runner.capture()
             from . import window_graph  # noqa: PLC0415
             if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
-                self.window_graphs = window_graph.DecodeWindowGraphs(self.graph_runner, self.model.compute_logits,
-                                                        config.scheduler.num_scheduler_steps)
+                self.window_graphs = window_graph.DecodeWindowGraphs(
+                    self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
                 self.window_graphs.capture()
         self._log_memory()
 
