@@ -31,9 +31,13 @@ _MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
 PROGRAMS_PER_SM = 8
 
 
-def decode_launch(head_dim: int) -> dict:
-    """The split kernel's default ``block_n``, ``num_warps`` and ``num_stages`` for ``head_dim``."""
-    return DECODE_LAUNCH[64] if head_dim <= 64 else DECODE_LAUNCH[128]
+def decode_launch(head_dim: int, element_size: int = 2) -> dict:
+    """The split kernel's default ``block_n``, ``num_warps`` and ``num_stages`` for ``head_dim`` and the
+    cache's bytes per element. float32 caches keep 64 keys per iteration: two stages of 128 float32 K and V
+    tiles of 64 would take 128 KB of shared memory, more than GPUs below the H100 class have per block."""
+    if head_dim <= 64 and element_size <= 2:
+        return DECODE_LAUNCH[64]
+    return DECODE_LAUNCH[128]
 
 
 # stride_btb is the padded width of the step's block table, which changes from step to step: unspecialized,
@@ -206,7 +210,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     else:
         part_out = part_lse = out  # unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    launch = {**decode_launch(head_dim), **(launch or {})}
+    launch = {**decode_launch(head_dim, kv_cache.element_size()), **(launch or {})}
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),

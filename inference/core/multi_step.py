@@ -94,7 +94,8 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
     EOS or a stop string within ``prev`` is decoded once more and those tokens are thrown away;
     without that, with requests of many lengths nearly every window would end one and no window
     would run ahead. None when a running request did not decode in ``prev`` (one sampled token,
-    no forks), or could reach ``max_model_len`` within ``prev``.
+    no forks), could reach ``max_model_len`` within ``prev``, or is short of ``min_tokens`` (the
+    sampling metadata's ban would not count ``prev``'s tokens).
     """
     scheduled, num_steps, rows, row = prev.scheduled, prev.num_steps, [], 0
     for request in running:
@@ -104,7 +105,8 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
             return None
         item = scheduled[row]
         if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
-                or len(request.all_token_ids) + num_steps >= max_model_len):
+                or len(request.all_token_ids) + num_steps >= max_model_len
+                or len(request.output_token_ids) < request.sampling_params.min_tokens):
             return None
         rows.append(row)
         row += 1

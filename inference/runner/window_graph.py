@@ -46,12 +46,14 @@ class DecodeWindowGraphs:
         self.tokens = torch.zeros(graphs.max_batch, num_steps, dtype=torch.long, device=graphs.input_ids.device)
         self.windows: dict[int, torch.cuda.CUDAGraph] = {}
 
-    def _advance(self, size: int, live: torch.Tensor, step: int) -> None:
-        # The next step's inputs, in place: next_decode_inputs on the graph's buffers (padding rows inert).
+    def _advance(self, size: int, live: torch.Tensor, ones: torch.Tensor, step: int) -> None:
+        # The next step's inputs, in place: next_decode_inputs on the graph's buffers. Padding rows stay
+        # inert: position 0 (block-table column 0 and rotary row 0 exist whatever the window length), length
+        # 0, slot -1.
         g = self.graphs
         positions = g.positions[:size]
-        positions += 1
-        g.seq_lens[:size] += live.to(torch.int32)
+        positions += ones
+        g.seq_lens[:size] += ones
         blocks = g.block_tables[:size].gather(1, (positions // g.block_size)[:, None]).squeeze(1).long()
         g.slot_mapping[:size].copy_(torch.where(live, blocks * g.block_size + positions % g.block_size, -1))
         g.input_ids[:size].copy_(self.tokens[:size, step - 1])
@@ -59,10 +61,11 @@ class DecodeWindowGraphs:
     def _window(self, size: int) -> None:
         g = self.graphs
         meta = g._metadata(size)
-        live = g.seq_lens[:size] > 0
+        live = g.seq_lens[:size] > 0  # the batch's rows; padding rows have length 0
+        ones = live.int()
         for step in range(self.num_steps):
             if step:
-                self._advance(size, live, step)
+                self._advance(size, live, ones, step)
             hidden = g.model(g.input_ids[:size], g.positions[:size], g.kv_caches, meta)
             self.tokens[:size, step] = self.compute_logits(hidden).argmax(dim=-1)
 
@@ -109,4 +112,7 @@ class DecodeWindowGraphs:
         size = self.graphs.load_inputs(inputs)
         self.graphs.positions[batch:size].zero_()
         self.windows[size].replay()
-        return MultiStepHandle(self.tokens[:batch])
+        tokens = self.tokens[:batch]
+        # The handle must own its tokens: the next window launched ahead overwrites the buffer. On CUDA its
+        # pinned copy to the host does, queued before that window; elsewhere (tests) a copy here.
+        return MultiStepHandle(tokens if tokens.is_cuda else tokens.clone())

@@ -88,3 +88,21 @@ def test_requests_without_max_tokens_run_to_the_end_of_the_context(engines, test
     for i, prompt in enumerate(prompts):
         _, ids, reason = got[str(i)][0]
         assert len(ids) == 512 - len(prompt) and reason == "length"
+
+
+@pytest.mark.timeout(900)
+def test_min_tokens_ends_at_the_same_token_as_synchronous_steps(engines, workload):
+    """A stop token allowed from ``min_tokens`` on ends the request there also when the steps around it
+    are launched ahead (their ban must not count the tokens still in flight as missing)."""
+    sync, ahead = engines
+    prompts, _ = workload
+    reference = _run(sync, prompts[:4], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 4)
+    params = []
+    for i in range(4):
+        ids = reference[str(i)][0][1]
+        m = next(j for j in range(3, 16) if ids[j] not in ids[:j])  # its first time at position m
+        params.append(SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop_token_ids=[ids[m]],
+                                     min_tokens=m))
+    expected = _run(sync, prompts[:4], params)
+    assert all(len(v[0][1]) <= 16 and v[0][2] == "stop" for v in expected.values())
+    assert _run(ahead, prompts[:4], params) == expected

@@ -61,10 +61,10 @@ def _attach_windows(llm: LLM) -> list:
     return replays
 
 
-def _generate(folder, prompts, params, windows: bool) -> tuple[list, list]:
+def _generate(folder, prompts, params, windows: bool, **kw) -> tuple[list, list]:
     """Token ids per prompt and the sizes of the windows that ran as graphs: the step-by-step engine
     (eager) or one with window graphs. The engine is dropped on return; KV blocks all free again."""
-    llm = _llm(folder) if windows else _llm(folder, enforce_eager=True)
+    llm = _llm(folder, **kw) if windows else _llm(folder, enforce_eager=True, **kw)
     replays = _attach_windows(llm) if windows else []
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     kv = llm.llm_engine.kv_cache_manager
@@ -73,22 +73,25 @@ def _generate(folder, prompts, params, windows: bool) -> tuple[list, list]:
     return [o.outputs[0].token_ids for o in outs], replays
 
 
-def _both_paths(folder, prompts, params) -> tuple[list, list, list]:
-    expected, _ = _generate(folder, prompts, params, windows=False)
+def _both_paths(folder, prompts, params, **kw) -> tuple[list, list, list]:
+    expected, _ = _generate(folder, prompts, params, windows=False, **kw)
     free_device_memory()
-    got, replays = _generate(folder, prompts, params, windows=True)
+    got, replays = _generate(folder, prompts, params, windows=True, **kw)
     free_device_memory()
     return expected, got, replays
 
 
 @pytest.mark.timeout(900)
-def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tokenizer):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tokenizer, async_scheduling):
+    """Also with async scheduling: the next window launched before this one's tokens are back, its inputs
+    this window's last tokens (a view of the graph's token buffer), fewer rows once requests finish."""
     folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
     rng = random.Random(5)
-    # 3 and then fewer running requests: buckets with padding rows; lengths that end mid-window.
-    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(3)]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 14, 21)]
-    expected, got, replays = _both_paths(folder, prompts, params)
+    # 5 and then fewer running requests: buckets with padding rows; lengths that end mid-window.
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(5)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 9, 14, 17, 23)]
+    expected, got, replays = _both_paths(folder, prompts, params, async_scheduling=async_scheduling)
     assert got == expected
     assert replays, "no window ran as a graph"
 
@@ -103,3 +106,27 @@ def test_sampled_requests_keep_the_step_by_step_window(tmp_path, smollm2_tokeniz
     expected, got, replays = _both_paths(folder, prompts, params)
     assert got == expected
     assert not replays
+
+
+@pytest.mark.timeout(900)
+def test_capture_warm_up_writes_no_cache_slot_even_past_max_model_len(tmp_path, smollm2_tokenizer):
+    """Capture runs a window of padding rows only: their positions stay 0, so even a window longer than
+    ``max_model_len`` (24 steps, 16 positions) reads a block-table column and a rotary row that exist, and
+    nothing lands in the KV cache."""
+    folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
+    memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
+    llm = LLM(model=str(folder), max_model_len=16, max_num_batched_tokens=16, attention_backend="triton",
+              device=DEVICE, dtype="float32", block_size=16, max_num_seqs=4, enforce_eager=True, **memory)
+    runner = llm.llm_engine.runner
+    for cache in runner.kv_caches:
+        cache.zero_()
+    graphs = CudaGraphRunner(runner.model, runner.kv_caches, 4, 1, 16, runner.num_kv_heads, DEVICE)
+    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, 24)
+    with torch.inference_mode():
+        graphs.slot_mapping.fill_(-1)
+        windows._window(4)  # what capture() runs before capturing, on buffers it leaves in this state
+    assert all(int(cache.count_nonzero()) == 0 for cache in runner.kv_caches)
+    assert int(graphs.positions.abs().sum()) == 0 and int(graphs.seq_lens.abs().sum()) == 0
+    llm.close()
+    del llm, runner, graphs, windows
+    free_device_memory()

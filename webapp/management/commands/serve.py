@@ -92,7 +92,10 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         options["tenant_specs"] = tenant_specs
         children: list[launcher.Child] = []
+        # Ctrl-C and SIGTERM both stop everything. SIGINT explicitly too: a shell starting serve in the
+        # background without job control makes it ignore SIGINT, and Python then installs no handler.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
         try:
             self._run(options, engine_args, children)
         except KeyboardInterrupt:
