@@ -160,11 +160,15 @@ def _invalid_key(message: str) -> TenantError:
     return TenantError(message, 401, "invalid_api_key")
 
 
+def _shown(header: str) -> str:
+    """A header value as error messages quote it: a header can be kilobytes long."""
+    return header if len(header) <= 64 else header[:64] + "..."
+
+
 async def _selected(slug: str) -> TenantRef:
     tenant = await _cache.tenant(slug=slug)
     if tenant is None:
-        shown = slug if len(slug) <= 64 else slug[:64] + "..."  # a header can be kilobytes long
-        raise TenantError(f"tenant not found: '{shown}'", 404, "tenant_not_found", param="X-Tenant-ID")
+        raise TenantError(f"tenant not found: '{_shown(slug)}'", 404, "tenant_not_found", param="X-Tenant-ID")
     if not tenant.active:
         raise TenantError(f"Tenant '{slug}' is inactive.", 403, "tenant_inactive", param="X-Tenant-ID",
                           tenant_id=tenant.id)
@@ -200,7 +204,8 @@ async def identify(authorization: str, tenant_header: str | None) -> Caller:
         if tenant is None:  # deleted after the key was cached: the next version drops the key too
             raise _invalid_key(f"API key {key.prefix}… has no tenant.")
         if header is not None and header != tenant.slug:
-            raise TenantError(f"X-Tenant-ID '{header}' names another tenant than the API key's ('{tenant.slug}').",
+            raise TenantError(f"X-Tenant-ID '{_shown(header)}' names another tenant than the API key's "
+                              f"('{tenant.slug}').",
                               403, "tenant_mismatch", param="X-Tenant-ID", tenant_id=tenant.id, key_id=key.id)
         if not tenant.active:
             raise TenantError(f"Tenant '{tenant.slug}' is inactive.", 403, "tenant_inactive", tenant_id=tenant.id,

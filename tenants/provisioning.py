@@ -45,10 +45,14 @@ def parse_tenant_spec(text: str) -> TenantSpec:
 
 
 def check_total(specs: list[TenantSpec]) -> None:
-    """Raises ValueError when the active tenants' shares, with ``specs`` applied, exceed 100%."""
+    """Raises ValueError when the active tenants' shares, with ``specs`` applied, exceed 100%. A spec naming
+    an existing inactive tenant sets its share but does not count: the tenant stays off."""
     shares = dict(Tenant.objects.filter(active=True).values_list("slug", "gpu_share"))
+    inactive = set(Tenant.objects.filter(active=False, slug__in=[spec.slug for spec in specs])
+                   .values_list("slug", flat=True))
     for spec in specs:
-        shares[spec.slug] = spec.gpu_share
+        if spec.slug not in inactive:
+            shares[spec.slug] = spec.gpu_share
     total = sum(shares.values())
     if total > 100:
         listing = ", ".join(f"{slug} {share}%" for slug, share in sorted(shares.items()) if share)

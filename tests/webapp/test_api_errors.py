@@ -138,6 +138,22 @@ def test_prompt_plus_max_tokens_beyond_context_names_both_numbers(stack):
     assert "2048" in error["message"] and error["param"] == "messages", error
 
 
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(stack):
+    """30 MB of text cannot fit 2,048 tokens however it is tokenized: a 400 at once. Tokenizing it first
+    took a web process to 6 GB and 20 s (and slowed every other request meanwhile)."""
+    import time
+    huge = "hello " * 5_000_000
+    for path, body, param in (("/v1/completions", {"prompt": huge}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages"),
+                              ("/tokenize", {"prompt": huge}, "prompt")):
+        started = time.monotonic()
+        error = _error(http("POST", stack.base_url + path, {"model": MODEL, "max_tokens": 2, **body}), 400)
+        assert error["param"] == param and "30000000 characters" in error["message"], error
+        assert time.monotonic() - started < 5, "the prompt was tokenized before it was refused"
+    ok = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": "hello " * 1000})
+    assert ok[0] == 200 and json.loads(ok[2])["count"] >= 1000  # long, but within reach: tokenized
+
+
 @pytest.mark.parametrize("path, extra, field", [
     ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
     ("/v1/chat/completions", {"messages": CHAT, "use_beam_search": True}, "use_beam_search"),

@@ -68,6 +68,9 @@ def test_key_identifies_its_tenant_and_the_header_must_agree(tenant_web):
     assert usage_totals(other)["requests"] == 0
     key.refresh_from_db()
     assert wait_for(lambda: ApiKey.objects.get(id=key.id).last_used_at is not None)
+    long_header = "x" * 10_000  # quoted shortened, not echoed whole
+    error = _error(completion(tenant_web.base_url, {**bearer(secret), "X-Tenant-ID": long_header}), 403)
+    assert error["code"] == "tenant_mismatch" and len(error["message"]) < 200, error["message"]
 
 
 def test_a_tenant_with_keys_cannot_be_selected_by_header_alone(tenant_web):
@@ -197,3 +200,21 @@ def test_no_secret_in_the_database_or_logs(tenant_web, orm, stack):
 def test_a_utf8_key_reads_back_as_written_in_the_401(tenant_web):
     error = _error(completion(tenant_web.base_url, bearer("tsk-été".encode().decode("latin-1"))), 401)
     assert error["code"] == "invalid_api_key" and "tsk-été" in error["message"]
+
+
+def test_serve_tenant_flags_count_only_active_tenants_toward_100_percent(orm):
+    """``serve --tenant-id`` on an existing inactive tenant sets its share, which does not count (the tenant
+    stays off, as in the admin's check); a new or active tenant's share does."""
+    from django.db import transaction
+
+    from tenants.models import Tenant
+    from tenants.provisioning import TenantSpec, check_total
+
+    with transaction.atomic():
+        others = sum(Tenant.objects.filter(active=True).values_list("gpu_share", flat=True))
+        Tenant.objects.create(slug="flags-active", name="flags-active", gpu_share=max(0, 90 - others), active=True)
+        Tenant.objects.create(slug="flags-off", name="flags-off", gpu_share=0, active=False)
+        check_total([TenantSpec("flags-off", 20)])  # 90% active: the inactive tenant's 20% does not count
+        with pytest.raises(ValueError, match="add up to"):
+            check_total([TenantSpec("flags-new", 20)])
+        transaction.set_rollback(True)

@@ -66,6 +66,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
+    @cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters of text one token covers: its longest vocabulary entry (byte-level
+        BPE spells each byte as one character, SentencePiece each character as itself), at least 16."""
+        return max(16, max((len(token) for token in self.hf.get_vocab()), default=0))
+
+    def max_text_chars(self, max_model_len: int) -> int:
+        """Characters beyond which a text cannot fit ``max_model_len`` tokens, with a margin of 2 for
+        normalizers that shorten text; longer texts are refused without tokenizing them (a 33 MB prompt took a
+        web process to 6 GB and 20 s before its 400)."""
+        return 2 * max_model_len * self.max_token_chars
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 

@@ -37,11 +37,33 @@ async def _tokenizer(served) -> Tokenizer:
 INLINE_TOKENIZE_CHARS = 4096  # longer texts are tokenized off the event loop, so they never stall other clients
 
 
-async def _encode(tokenizer: Tokenizer, text: str, **kwargs) -> list[int]:
-    """Token ids of ``text``; short texts inline (lowest latency), long ones in a worker thread."""
+async def _encode(tokenizer: Tokenizer, text: str, max_chars: int | None = None, param: str = "prompt",
+                  **kwargs) -> list[int]:
+    """Token ids of ``text``; short texts inline (lowest latency), long ones in a worker thread.
+
+    Raises:
+        APIError: 400 (``param``) when ``text`` is longer than ``max_chars`` (:func:`_max_chars`).
+    """
+    _check_chars(len(text), max_chars, param)
     if len(text) <= INLINE_TOKENIZE_CHARS:
         return tokenizer.encode(text, **kwargs)
     return await asyncio.to_thread(tokenizer.encode, text, **kwargs)
+
+
+async def _max_chars(served, tokenizer: Tokenizer) -> int | None:
+    """The longest text that could fit the context of the model's live workers (None when none is live: the
+    request then fails with its 503 after tokenizing, as before)."""
+    workers = await model_workers(served.name)
+    if not workers:
+        return None
+    return tokenizer.max_text_chars(min(int(w["max_model_len"]) for w in workers))
+
+
+def _check_chars(num_chars: int, max_chars: int | None, param: str) -> None:
+    if max_chars is not None and num_chars > max_chars:
+        raise APIError(f"The {param} has {num_chars} characters, more than this model's maximum context length "
+                       f"(max_model_len) can hold in tokens: at most {max_chars} characters are tokenized.", 400,
+                       param=param)
 
 
 async def _respond(generation: Generation) -> HttpResponse:
@@ -61,8 +83,10 @@ async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     served = await resolve_served_model(options.model)
     meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
+    max_chars = await _max_chars(served, tokenizer)
+    _check_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")  # before rendering them
     text = tokenizer.apply_chat_template(messages, **template)
-    prompt = Prompt(await _encode(tokenizer, text, add_special_tokens=False), text)
+    prompt = Prompt(await _encode(tokenizer, text, max_chars, "messages", add_special_tokens=False), text)
     return await _respond(Generation(True, served.name, options, [prompt], meter))
 
 
@@ -73,10 +97,11 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     served = await resolve_served_model(options.model)
     meter.use_model(served.name)
     tokenizer = await _tokenizer(served)
+    max_chars = await _max_chars(served, tokenizer)
     tokenized = []
     for p in prompts:
         if isinstance(p, str):
-            tokenized.append(Prompt(await _encode(tokenizer, p), p))
+            tokenized.append(Prompt(await _encode(tokenizer, p, max_chars), p))
         else:
             if any(t < 0 or t >= tokenizer.vocab_size for t in p):
                 raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
@@ -116,18 +141,22 @@ async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
     body = Body(parse_json_body(request.body))
     served = await resolve_served_model(body.get("model", str, ""))
     tokenizer = await _tokenizer(served)
+    max_chars = await _max_chars(served, tokenizer)
     if "messages" in body.data:
         _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
         template["add_generation_prompt"] = body.get("add_generation_prompt", bool, True)
         template["continue_final_message"] = body.get("continue_final_message", bool, False)
         template["chat_template_kwargs"] = body.get("chat_template_kwargs", dict, None)
+        _check_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")
         text = tokenizer.apply_chat_template(messages, **template)
-        tokens = await _encode(tokenizer, text, add_special_tokens=body.get("add_special_tokens", bool, False))
+        tokens = await _encode(tokenizer, text, max_chars, "messages",
+                               add_special_tokens=body.get("add_special_tokens", bool, False))
     else:
         prompt = body.get("prompt", str, None)
         if prompt is None:
             raise APIError("'prompt' (a string) or 'messages' is required.", 400, param="prompt")
-        tokens = await _encode(tokenizer, prompt, add_special_tokens=body.get("add_special_tokens", bool, True))
+        tokens = await _encode(tokenizer, prompt, max_chars,
+                               add_special_tokens=body.get("add_special_tokens", bool, True))
     workers = await model_workers(served.name)
     result = {"count": len(tokens), "max_model_len": min((w["max_model_len"] for w in workers), default=None),
               "tokens": tokens, "token_strs": None}
