@@ -92,6 +92,8 @@ def normalize_chat_messages(messages: list) -> list[dict]:
         if message["role"] not in CHAT_ROLES:
             raise InvalidRequestError(f"'messages[{i}].role' is {message['role']!r}; expected one of "
                                       f"{', '.join(sorted(CHAT_ROLES))}.", param="messages")
+        if message.get("name") is not None and not isinstance(message["name"], str):
+            raise InvalidRequestError(f"'messages[{i}].name' must be a string.", param="messages")
         content = message.get("content")
         if content is None:  # OpenAI allows it only for an assistant message (one with tool calls)
             if message["role"] != "assistant":

@@ -154,6 +154,26 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(sta
     assert ok[0] == 200 and json.loads(ok[2])["count"] >= 1000  # long, but within reach: tokenized
 
 
+@pytest.mark.parametrize("extra, param", [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
+    ({"messages": [{"role": "user", "content": "Hi", "name": 5}]}, "messages"),
+])
+def test_chat_fields_vllm_refuses_are_refused(stack, extra, param):
+    error = _error(http("POST", stack.base_url + "/v1/chat/completions",
+                        {"model": MODEL, "messages": CHAT, "max_tokens": 2, **extra}), 400)
+    assert error["param"] == param, error
+
+
+def test_chat_continues_the_final_message_without_a_generation_prompt(stack):
+    messages = [{"role": "user", "content": "Count to five."}, {"role": "assistant", "content": "1, 2,"}]
+    for extra in ({"tool_choice": "none"}, {"continue_final_message": True, "add_generation_prompt": False}):
+        got = http("POST", stack.base_url + "/v1/chat/completions",
+                   {"model": MODEL, "messages": messages, "max_tokens": 2, **extra})
+        assert got[0] == 200, got
+
+
 @pytest.mark.parametrize("path, extra, field", [
     ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
     ("/v1/chat/completions", {"messages": CHAT, "use_beam_search": True}, "use_beam_search"),

@@ -269,11 +269,19 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     if body.data.get("chat_template") is not None:  # as vLLM without --trust-request-chat-template
         raise bad_request("'chat_template' in a request is not accepted: the server renders the model's chat "
                           "template (start it with --chat-template to use another).", param="chat_template")
+    tool_choice = body.data.get("tool_choice")
+    if tool_choice is not None and tool_choice != "none":  # OpenAI: only with tools, which are refused above
+        raise bad_request("'tool_choice' needs 'tools' (tool calling), which is not supported yet.",
+                          param="tool_choice")
     template = {
         "add_generation_prompt": body.get("add_generation_prompt", bool, True),
         "continue_final_message": body.get("continue_final_message", bool, False),
         "chat_template_kwargs": body.get("chat_template_kwargs", dict, None),
     }
+    if template["add_generation_prompt"] and template["continue_final_message"]:  # as vLLM
+        raise bad_request("Cannot set both 'continue_final_message' and 'add_generation_prompt' to true: "
+                          "send 'add_generation_prompt': false to continue the final message.",
+                          param="continue_final_message")
     return options, messages, template
 
 
