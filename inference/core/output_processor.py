@@ -49,10 +49,10 @@ def check_stop_token(request: Request, token_id: int) -> RequestStatus | None:
     params = request.sampling_params
     num_output_tokens = len(request.output_token_ids)
     if num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and token_id in params.eos_token_ids:  # before stop_token_ids, as vLLM
+            return RequestStatus.FINISHED_STOPPED
         if token_id in params.stop_token_ids:
             request.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-        if not params.ignore_eos and token_id in params.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
     if num_output_tokens >= request.max_tokens:
         return RequestStatus.FINISHED_LENGTH

@@ -180,3 +180,17 @@ def test_chat_uses_the_chat_template(llm):
                    SamplingParams(temperature=0, max_tokens=20))
     assert "<|im_start|>assistant" in out[0].prompt
     assert "Paris" in out[0].outputs[0].text
+
+
+@pytest.mark.timeout(300)
+def test_eos_listed_in_stop_token_ids_still_ends_as_eos(llm, test_prompts):
+    """vLLM checks EOS before ``stop_token_ids``: an EOS that is also listed ends the output with
+    ``stop_reason`` None, as an EOS does."""
+    prompt = [test_prompts[-1]]  # the chat-templated question: the model ends its answer with EOS
+    base = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                        sampling_params=SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
+    assert base.finish_reason == "stop" and base.stop_reason is None, base
+    eos = base.token_ids[-1]
+    listed = llm.generate(prompt_token_ids=prompt, use_tqdm=False, sampling_params=SamplingParams(
+        temperature=0, max_tokens=64, stop_token_ids=[eos]))[0].outputs[0]
+    assert (listed.token_ids, listed.finish_reason, listed.stop_reason) == (base.token_ids, "stop", None)
