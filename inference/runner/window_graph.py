@@ -76,20 +76,22 @@ class DecodeWindowGraphs:
         g = self.graphs
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(g.sizes):
-            g.positions.zero_()
-            g.seq_lens.zero_()
-            g.slot_mapping.fill_(-1)
+            self._padding_only()
             self._window(size)  # warm-up outside the capture (the LM head and argmax at this size)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._window(size)
             self.windows[size] = graph
+        self._padding_only()
+        torch.cuda.synchronize()
+        logger.info("Captured %d-step decode window graphs for batch sizes %s", self.num_steps, g.sizes)
+
+    def _padding_only(self) -> None:
+        g = self.graphs
         g.positions.zero_()
         g.seq_lens.zero_()
         g.slot_mapping.fill_(-1)
-        torch.cuda.synchronize()
-        logger.info("Captured %d-step decode window graphs for batch sizes %s", self.num_steps, g.sizes)
 
     def release(self) -> None:
         """Destroy the captured window graphs (idempotent)."""

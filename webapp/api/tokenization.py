@@ -53,6 +53,10 @@ class Tokenizer:
         resolved = resolve_model(served.model, served.tokenizer, load_format="dummy")  # tokenizer only: no weights read
         self.hf = load_tokenizer(resolved.tokenizer_dir)
         self._template_option = served.chat_template
+        # An upper bound on the characters of text one token covers: its longest vocabulary entry (byte-level
+        # BPE spells each byte as one character, SentencePiece each character as itself), at least 16. Here,
+        # where the tokenizer loads off the event loop: a 150K vocabulary takes a moment.
+        self.max_token_chars = max(16, max((len(token) for token in self.hf.get_vocab()), default=0))
 
     @cached_property
     def chat_template(self) -> str | None:
@@ -65,12 +69,6 @@ class Tokenizer:
     @cached_property
     def vocab_size(self) -> int:
         return len(self.hf)
-
-    @cached_property
-    def max_token_chars(self) -> int:
-        """An upper bound on the characters of text one token covers: its longest vocabulary entry (byte-level
-        BPE spells each byte as one character, SentencePiece each character as itself), at least 16."""
-        return max(16, max((len(token) for token in self.hf.get_vocab()), default=0))
 
     def max_text_chars(self, max_model_len: int) -> int:
         """Characters beyond which a text cannot fit ``max_model_len`` tokens, with a margin of 2 for
