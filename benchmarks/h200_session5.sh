@@ -18,6 +18,12 @@
 #   w2-ms     W2 with --num-scheduler-steps 1 4 8 (one engine each, same workload)
 #   w2-n4-stepwise  W2 (4 scheduler steps) with its windows launched step by step, not as one CUDA graph each
 #   w2-n8     W2 with --num-scheduler-steps 8
+#   w2-n8-trace   the same with --step-trace (wall and device-wait seconds by batch size)
+#   w2-n8-prof    W2 with 8 scheduler steps: kernel table and device timeline over 16 windows
+#   w2-small-prof the same with 16 of W2's prompts (small batches: is the host or the device the limit)
+#   w2-n8-phases  W2 (8 steps) with --step-trace and --phase-timers (host seconds per step phase)
+#   w2-n16-trace  W2 with 16 scheduler steps and --step-trace
+#   w2-n8-stepwise-trace  W2 (8 steps, windows launched step by step) with --step-trace
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
 #   w2-n4-repeat  W2 with 4 scheduler steps three times on one engine, with the Triton builds in each timed run
 #   silu-fp8  the FP8 SwiGLU kernel reading its row once against the two-pass one (benchmarks/kernels.py)
@@ -124,6 +130,28 @@ for step in "$@"; do
   w2-n8) run_step w2-n8 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8.json" ;;
+  w2-n8-trace) run_step w2-n8-trace 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 8 --step-trace --output-json "$OUT/w2_n8_trace.json" ;;
+  w2-n8-prof) run_step w2-n8-prof 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 8 --profile-steps 16 --output-json "$OUT/w2_n8_profile.json" ;;
+  w2-small-prof) run_step w2-small-prof 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-prompts 16 \
+      --num-scheduler-steps 8 --profile-steps 12 --output-json "$OUT/w2_small_profile.json" ;;
+  w2-n8-phases) run_step w2-n8-phases 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-prompts 256 \
+      --num-scheduler-steps 8 --step-trace --phase-timers --output-json "$OUT/w2_n8_phases.json" ;;
+  w2-n16-trace) run_step w2-n16-trace 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-prompts 256 \
+      --num-scheduler-steps 16 --step-trace --output-json "$OUT/w2_n16_trace.json" ;;
+  w2-n8-stepwise-trace) run_step w2-n8-stepwise-trace 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-prompts 256 \
+      --num-scheduler-steps 8 --no-window-graphs --step-trace --output-json "$OUT/w2_n8_stepwise_trace.json" ;;
   w2-n4) run_step w2-n4 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none \
       --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 4 --output-json "$OUT/w2_n4.json" ;;
@@ -135,7 +163,7 @@ for step in "$@"; do
       --model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --decode-programs-per-sm 8 --output-json "$OUT/w3_split8.json" ;;
   gpu-kernels) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
-      tests/inference/test_triton_fp8_gemm.py tests/inference/test_window_graph.py \
+      tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_fp8.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py ;;
   kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;

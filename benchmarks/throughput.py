@@ -104,7 +104,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     kind = RequestOutputKind[getattr(args, "output_kind", "final_only").upper()]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, output_kind=kind) for n in outputs]
     warm_up(llm, prompts)
-    result = timed_run(engine, prompts, outputs, params, getattr(args, "phase_timers", False), "")
+    result = timed_run(engine, prompts, outputs, params, getattr(args, "phase_timers", False), "",
+                       getattr(args, "step_trace", False))
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
@@ -116,9 +117,12 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     return result
 
 
-def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: str) -> dict:
-    """One timed pass of the workload through ``engine``: its throughput, latencies and KV occupancy."""
-    produced, steps, occupancy, metrics = 0, 0, [], {}
+def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: str, step_trace: bool = False) -> dict:
+    """One timed pass of the workload through ``engine``: its throughput, latencies and KV occupancy.
+
+    ``step_trace`` adds where the wall time went by batch size (:func:`summarise_trace`).
+    """
+    produced, steps, occupancy, metrics, trace = 0, 0, [], {}, []
     engine.device_wait_seconds = 0.0
     windows_before, ahead_before = engine.num_multi_step_windows, engine.num_steps_ahead
     timers = PhaseTimers(engine) if phase_timers else None
@@ -130,6 +134,8 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
         admitted = False
         last = time.perf_counter()
         while engine.has_unfinished_requests():
+            if step_trace:  # (rows running, waiting, device wait so far) before the step
+                trace.append((len(engine.scheduler.running), engine.scheduler.num_waiting, engine.device_wait_seconds))
             for out in engine.step():
                 produced += sum(len(o.token_ids) for o in out.outputs)
                 if out.finished:
@@ -145,6 +151,8 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
                     occupancy.append(stats.num_live_tokens / stats.num_allocated_slots)
             if admitted:
                 decode_steps.append(now - last)
+            if step_trace:
+                trace[-1] += (now - last, engine.device_wait_seconds)
             last = now
         elapsed = time.perf_counter() - start
     assert produced == sum(outputs), "the engine produced a different number of tokens than requested"
@@ -160,7 +168,29 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
             "kv_slot_occupancy_min": min(occupancy, default=None),
-            "kv_slot_occupancy_mean": sum(occupancy) / len(occupancy) if occupancy else None}
+            "kv_slot_occupancy_mean": sum(occupancy) / len(occupancy) if occupancy else None,
+            **({"step_trace": summarise_trace(trace)} if step_trace else {})}
+
+
+def summarise_trace(trace: list[tuple]) -> dict:
+    """Wall and device-wait seconds of the ``engine.step()`` calls (a window of ``num_scheduler_steps``
+    decode steps each), by the rows running when each step began: steps
+    while prompts still wait (prefill), then decode steps in batch-size bands. ``wait_s`` is the host
+    blocked on the device; the rest of ``wall_s`` is host work the device may or may not have overlapped."""
+    bands = [(0, 16), (16, 32), (32, 64), (64, 128), (128, 192), (192, 10**9)]
+    out = {}
+    for running, waiting, wait_before, wall, wait_after in trace:
+        key = "waiting" if waiting else next(f"rows_{lo}-{hi - 1}" if hi < 10**9 else f"rows_{lo}+"
+                                             for lo, hi in bands if lo <= running < hi)
+        band = out.setdefault(key, {"steps": 0, "wall_s": 0.0, "wait_s": 0.0, "rows_x_steps": 0})
+        band["steps"] += 1
+        band["wall_s"] += wall
+        band["wait_s"] += wait_after - wait_before
+        band["rows_x_steps"] += running
+    for band in out.values():
+        band["ms_per_engine_step"] = 1e3 * band["wall_s"] / band["steps"]
+        band["mean_rows"] = band.pop("rows_x_steps") / band["steps"]
+    return out
 
 
 def profile_steps(args, prompts, outputs) -> dict:
@@ -255,6 +285,8 @@ def main() -> None:
     parser.add_argument("--copy-gbps", type=float, default=4250.0, help="measured copy bandwidth (roofline)")
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
     parser.add_argument("--phase-timers", action="store_true", help="report host seconds per step phase")
+    parser.add_argument("--step-trace", action="store_true",
+                        help="report wall and device-wait seconds by batch size (rows running at each step)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="instead of the measured run: a CUDA kernel table of this many steps")
     parser.add_argument("--profile-phase", choices=["decode", "prefill"], default="decode",
