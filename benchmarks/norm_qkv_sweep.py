@@ -80,9 +80,9 @@ def bench(name: str, batch: int) -> dict:
     timed = sorted((c for c in configs if c.get("ok")), key=lambda c: c["us"])
     default = next((c for c in configs if all(c[k] == v for k, v in default_launch(batch).items())), None)
     row.update(default=default, best=timed[:5], all=configs)
-    print(f"{name} batch {batch}: unfused {row['unfused_us']:.1f} us, fused default "
-          f"{default and default.get('us', float('nan')):.1f} us, best {timed[0]['us']:.1f} us "
-          f"{ {k: timed[0][k] for k in GRID} }", flush=True)
+    best = f"best {timed[0]['us']:.1f} us { {k: timed[0][k] for k in GRID} }" if timed else "no config agreed"
+    fused = f"{default['us']:.1f} us" if default and "us" in default else "failed"
+    print(f"{name} batch {batch}: unfused {row['unfused_us']:.1f} us, fused default {fused}, {best}", flush=True)
     return row
 
 

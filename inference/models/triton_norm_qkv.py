@@ -97,21 +97,21 @@ def _norm_qkv_rope_kernel(
         s2 = s2.to(dtype).to(tl.float32)
         y1, y2 = y1 * c1 - y2 * s1, y2 * c2 + y1 * s2
     if head < num_q_heads:
-        dst = q_ptr + (rows64[:, None] * num_q_heads + head) * (2 * HALF) + cols[None, :]
-        tl.store(dst, y1.to(dtype), mask=tile_mask)
-        tl.store(dst + HALF, y2.to(dtype), mask=tile_mask)
+        q_dst = q_ptr + (rows64[:, None] * num_q_heads + head) * (2 * HALF) + cols[None, :]
+        tl.store(q_dst, y1.to(dtype), mask=tile_mask)
+        tl.store(q_dst + HALF, y2.to(dtype), mask=tile_mask)
     else:
         slot = tl.load(slot_ptr + rows, mask=row_mask, other=-1)
         store_mask = tile_mask & (slot >= 0)[:, None]
         kv_head = (head - num_q_heads) % num_kv_heads
-        dst = ((slot // block_size)[:, None] * stride_cb + (slot % block_size)[:, None] * stride_cs
+        off = ((slot // block_size)[:, None] * stride_cb + (slot % block_size)[:, None] * stride_cs
                + kv_head * stride_ch + cols[None, :] * stride_cd)
         if head < num_q_heads + num_kv_heads:
-            tl.store(k_cache_ptr + dst, y1.to(dtype), mask=store_mask)
-            tl.store(k_cache_ptr + dst + HALF * stride_cd, y2.to(dtype), mask=store_mask)
+            tl.store(k_cache_ptr + off, y1.to(dtype), mask=store_mask)
+            tl.store(k_cache_ptr + off + HALF * stride_cd, y2.to(dtype), mask=store_mask)
         else:
-            tl.store(v_cache_ptr + dst, y1.to(dtype), mask=store_mask)
-            tl.store(v_cache_ptr + dst + HALF * stride_cd, y2.to(dtype), mask=store_mask)
+            tl.store(v_cache_ptr + off, y1.to(dtype), mask=store_mask)
+            tl.store(v_cache_ptr + off + HALF * stride_cd, y2.to(dtype), mask=store_mask)
 
 
 def default_launch(num_tokens: int) -> dict:

@@ -91,3 +91,16 @@ def test_rejects_mismatched_shapes():
                       torch.zeros(4, dtype=torch.int64, device=DEVICE), torch.zeros(8, 32, device=DEVICE),
                       torch.zeros(8, 32, device=DEVICE), cache, torch.zeros(4, dtype=torch.int64, device=DEVICE),
                       2, 1)
+
+
+@pytest.mark.parametrize("half,block_m,has_residual,has_bias", [(32, 16, True, True), (64, 64, False, False)])
+def test_kernel_compiles_for_hopper(half, block_m, has_residual, has_bias):
+    """The interpreter above runs the kernel's Python only; this runs Triton's compiler down to an sm_90
+    cubin, which rejects what the interpreter lets through (it caught a branch-typed variable here)."""
+    from .triton_compile import compile_for_hopper
+    pointers = {name: "*bf16" for name in ("x_ptr", "residual_ptr", "new_residual_ptr", "norm_w_ptr", "w_ptr",
+                                           "bias_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
+    pointers.update(positions_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32")
+    compile_for_hopper("inference.models.triton_norm_qkv:_norm_qkv_rope_kernel", pointers,
+                       dict(HALF=half, BLOCK_M=block_m, BLOCK_K=128, HAS_RESIDUAL=has_residual, HAS_BIAS=has_bias),
+                       float_args=("eps",))
