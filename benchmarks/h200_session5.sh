@@ -151,7 +151,7 @@ for step in "$@"; do
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-prompts 256 \
       --num-scheduler-steps 8 --step-trace --no-fused-norm-qkv --output-json "$OUT/w2_n8_nofuse.json" ;;
-  norm-qkv-sweep) run_step norm-qkv-sweep 240 python3 benchmarks/norm_qkv_sweep.py --batch-sizes 16 64 128 256 \
+  norm-qkv-sweep) run_step norm-qkv-sweep 240 python3 benchmarks/norm_qkv_sweep.py --batch-sizes 16 64 256 \
       --output-json "$OUT/norm_qkv_sweep.json" ;;
   gpu-norm-qkv) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-norm-qkv 240 python3 -m pytest -q \
       -p no:cacheprovider tests/inference/test_triton_norm_qkv.py tests/inference/test_window_graph.py \
