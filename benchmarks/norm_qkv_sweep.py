@@ -28,7 +28,7 @@ from quant_kernels import ROTATE_BYTES, _graph_ms  # noqa: E402
 
 # (hidden, Hq, Hk, D): Qwen2.5-0.5B (W2) and Qwen2.5-7B (W1, W3)
 SHAPES = {"qwen2.5-0.5b": (896, 14, 2, 64), "qwen2.5-7b": (3584, 28, 4, 128)}
-GRID = {"block_m": (16, 32, 64), "block_k": (64, 128), "num_warps": (4,), "num_stages": (2, 3)}
+GRID = {"block_m": (16, 32, 64), "block_h": (16, 32), "block_k": (128, 256), "num_warps": (4,), "num_stages": (3, 4)}
 BLOCK = 16
 
 

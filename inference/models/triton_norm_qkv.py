@@ -39,20 +39,22 @@ def _norm_qkv_rope_kernel(
     stride_x, stride_r, stride_w, stride_cos, stride_sin,
     stride_cb, stride_cs, stride_ch, stride_cd,
     num_q_heads, num_kv_heads, block_size,
-    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    # Program (row tile m, head j): j < Hq a query head, then Hk key heads, then Hk value heads.
+    # Program (row tile m, head j, column tile c): head j < Hq a query head, then Hk key heads, then Hk
+    # value heads; of its D columns the BLOCK_H at c * BLOCK_H of the first half and their rotate-half
+    # partners, HALF further on.
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_tokens
     rows64 = rows.to(tl.int64)
-    cols = tl.arange(0, HALF)
-    n1 = head * 2 * HALF + cols  # first half of the head's columns; n1 + HALF the second
+    cols = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)  # within the half
+    n1 = head * 2 * HALF + cols  # columns of the weight; n1 + HALF their partners
     offs_k = tl.arange(0, BLOCK_K)
-    acc1 = tl.zeros([BLOCK_M, HALF], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, HALF], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_H], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_H], tl.float32)
     sum_sq = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(0, hidden_size, BLOCK_K):
         ks = k0 + offs_k
@@ -62,7 +64,7 @@ def _norm_qkv_rope_kernel(
         if HAS_RESIDUAL:
             r = tl.load(residual_ptr + rows64[:, None] * stride_r + ks[None, :], mask=xm, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            if head == 0:
+            if head == 0 and tl.program_id(2) == 0:
                 tl.store(new_residual_ptr + rows64[:, None] * hidden_size + ks[None, :], x, mask=xm)
         xf = x.to(tl.float32)
         sum_sq += tl.sum(xf * xf, 1)
@@ -83,7 +85,7 @@ def _norm_qkv_rope_kernel(
         y2 += tl.load(bias_ptr + n1 + HALF).to(tl.float32)[None, :]
     y1 = y1.to(dtype).to(tl.float32)  # the projection's output in the model dtype, as F.linear returns it
     y2 = y2.to(dtype).to(tl.float32)
-    tile_mask = row_mask[:, None] & (cols[None, :] < HALF)
+    tile_mask = row_mask[:, None] & (cols[None, :] < HALF)  # (always true in the columns: HALF % BLOCK_H == 0)
     if head < num_q_heads + num_kv_heads:  # rotate-half: [y1, y2] -> [y1 c1 - y2 s1, y2 c2 + y1 s2]
         pos = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.int64)
         # As RotaryEmbedding: the float32 table is cast to the model dtype before use.
@@ -115,8 +117,8 @@ def _norm_qkv_rope_kernel(
 
 
 def default_launch(num_tokens: int) -> dict:
-    """``block_m``, ``block_k``, ``num_warps`` and ``num_stages`` for ``num_tokens`` rows."""
-    return {"block_m": 16 if num_tokens <= 16 else 32 if num_tokens <= 64 else 64,
+    """``block_m``, ``block_h``, ``block_k``, ``num_warps`` and ``num_stages`` for ``num_tokens`` rows."""
+    return {"block_m": 16 if num_tokens <= 16 else 32 if num_tokens <= 64 else 64, "block_h": 16,
             "block_k": 128, "num_warps": 4, "num_stages": 3}
 
 
@@ -140,7 +142,8 @@ def norm_qkv_rope(hidden: torch.Tensor, residual: torch.Tensor | None, norm_weig
         kv_cache: ``[2, num_blocks, block_size, Hk, D]``, the dtype of ``hidden``.
         slot_mapping: ``[T]`` int64 flat slots; a negative slot stores nothing (padding rows).
         num_q_heads, num_kv_heads: ``Hq`` and ``Hk`` (this rank's).
-        launch: ``block_m``, ``block_k``, ``num_warps``, ``num_stages`` overrides (a benchmark knob).
+        launch: ``block_m``, ``block_h`` (columns of each half per program), ``block_k``, ``num_warps``,
+            ``num_stages`` overrides (a benchmark knob).
     Returns:
         ``(q [T, Hq, D] contiguous, new_residual [T, H])``; ``new_residual`` is ``hidden + residual`` (a new
         contiguous tensor), or ``hidden`` itself when ``residual`` is None.
@@ -172,14 +175,14 @@ def norm_qkv_rope(hidden: torch.Tensor, residual: torch.Tensor | None, norm_weig
         return q, new_residual
     launch = {**default_launch(num_tokens), **(launch or {})}
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    block_m = launch["block_m"]
-    _norm_qkv_rope_kernel[(triton.cdiv(num_tokens, block_m), num_q_heads + 2 * num_kv_heads)](
+    block_m, block_h = launch["block_m"], min(launch["block_h"], head_dim // 2)
+    _norm_qkv_rope_kernel[(triton.cdiv(num_tokens, block_m), num_q_heads + 2 * num_kv_heads, head_dim // 2 // block_h)](
         hidden, residual if residual is not None else hidden, new_residual, norm_weight, qkv_weight,
         qkv_bias if qkv_bias is not None else norm_weight, positions, cos, sin, q, k_cache, v_cache, slot_mapping,
         num_tokens, hidden_size, eps,
         hidden.stride(0), residual.stride(0) if residual is not None else 0, qkv_weight.stride(0),
         cos.stride(0), sin.stride(0), *k_cache.stride(), num_q_heads, num_kv_heads, kv_cache.shape[2],
-        HALF=head_dim // 2, BLOCK_M=block_m, BLOCK_K=launch["block_k"],
+        HALF=head_dim // 2, BLOCK_H=block_h, BLOCK_M=block_m, BLOCK_K=launch["block_k"],
         HAS_RESIDUAL=residual is not None, HAS_BIAS=qkv_bias is not None,
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )

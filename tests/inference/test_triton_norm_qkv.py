@@ -44,7 +44,8 @@ def _reference(hidden, residual, norm, weight, bias, positions, rotary, kv_cache
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first_layer"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fused_norm_qkv_rope_matches_the_unfused_layers(dtype, with_residual, shape):
+@pytest.mark.parametrize("block_h", [16, 32], ids=["block_h16", "block_h32"])
+def test_fused_norm_qkv_rope_matches_the_unfused_layers(dtype, with_residual, shape, block_h):
     torch.manual_seed(0)
     tokens, hidden_size, hq, hk, d, with_bias = shape
     norm = RMSNorm(hidden_size, 1e-6).to(DEVICE)
@@ -68,7 +69,7 @@ def test_fused_norm_qkv_rope_matches_the_unfused_layers(dtype, with_residual, sh
     ref_q, ref_residual = _reference(hidden, residual, norm, weight, bias, positions, rotary, ref_cache, slots,
                                      hq, hk, d)
     q, new_residual = norm_qkv_rope(hidden, residual, norm.weight, norm.eps, weight, bias, positions, rotary.cos,
-                                    rotary.sin, cache, slots, hq, hk)
+                                    rotary.sin, cache, slots, hq, hk, {"block_h": block_h})
 
     assert q.shape == (tokens, hq, d) and q.dtype == dtype
     torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=0)
@@ -93,8 +94,9 @@ def test_rejects_mismatched_shapes():
                       2, 1)
 
 
-@pytest.mark.parametrize("half,block_m,has_residual,has_bias", [(32, 16, True, True), (64, 64, False, False)])
-def test_kernel_compiles_for_hopper(half, block_m, has_residual, has_bias):
+@pytest.mark.parametrize("half,block_h,block_m,has_residual,has_bias",
+                         [(32, 16, 16, True, True), (64, 32, 64, False, False)])
+def test_kernel_compiles_for_hopper(half, block_h, block_m, has_residual, has_bias):
     """The interpreter above runs the kernel's Python only; this runs Triton's compiler down to an sm_90
     cubin, which rejects what the interpreter lets through (it caught a branch-typed variable here)."""
     from .triton_compile import compile_for_hopper
@@ -102,5 +104,6 @@ def test_kernel_compiles_for_hopper(half, block_m, has_residual, has_bias):
                                            "bias_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
     pointers.update(positions_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32")
     compile_for_hopper("inference.models.triton_norm_qkv:_norm_qkv_rope_kernel", pointers,
-                       dict(HALF=half, BLOCK_M=block_m, BLOCK_K=128, HAS_RESIDUAL=has_residual, HAS_BIAS=has_bias),
+                       dict(HALF=half, BLOCK_H=block_h, BLOCK_M=block_m, BLOCK_K=128, HAS_RESIDUAL=has_residual,
+                            HAS_BIAS=has_bias),
                        float_args=("eps",))
