@@ -22,9 +22,6 @@
 #   w2-n8-prof    W2 with 8 scheduler steps: kernel table and device timeline over 16 windows
 #   w2-small-prof the same with 16 of W2's prompts (small batches: is the host or the device the limit)
 #   w2-n8-phases  W2 (8 steps) with --step-trace and --phase-timers (host seconds per step phase)
-#   w2-n8-nofuse  W2 (8 steps) with --step-trace, decode steps without the fused norm + Q/K/V + rotary kernel
-#   gpu-norm-qkv  that kernel's tests, the window-graph and Triton-backend engine tests on the GPU
-#   norm-qkv-sweep  that kernel against the three launches it replaces, over its launch grid (0.5B and 7B shapes)
 #   w2-n16-trace  W2 with 16 scheduler steps and --step-trace
 #   w2-n8-stepwise-trace  W2 (8 steps, windows launched step by step) with --step-trace
 #   w2-n4     W2 with --num-scheduler-steps 4 only (w2-n4-delta: its requests ask for every step's deltas)
@@ -147,15 +144,6 @@ for step in "$@"; do
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-prompts 256 \
       --num-scheduler-steps 8 --step-trace --phase-timers --output-json "$OUT/w2_n8_phases.json" ;;
-  w2-n8-nofuse) run_step w2-n8-nofuse 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
-      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
-      --max-num-batched-tokens 16384 --num-prompts 256 \
-      --num-scheduler-steps 8 --step-trace --no-fused-norm-qkv --output-json "$OUT/w2_n8_nofuse.json" ;;
-  norm-qkv-sweep) run_step norm-qkv-sweep 240 python3 benchmarks/norm_qkv_sweep.py --batch-sizes 16 64 256 \
-      --output-json "$OUT/norm_qkv_sweep.json" ;;
-  gpu-norm-qkv) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-norm-qkv 240 python3 -m pytest -q \
-      -p no:cacheprovider tests/inference/test_triton_norm_qkv.py tests/inference/test_window_graph.py \
-      tests/inference/test_triton_backend_engine.py ;;
   w2-n16-trace) run_step w2-n16-trace 200 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-prompts 256 \
@@ -175,7 +163,7 @@ for step in "$@"; do
       --model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64 \
       --decode-programs-per-sm 8 --output-json "$OUT/w3_split8.json" ;;
   gpu-kernels) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
-      tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_fp8.py tests/inference/test_window_graph.py tests/inference/test_triton_norm_qkv.py \
+      tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_fp8.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py ;;
   kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;

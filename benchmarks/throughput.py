@@ -109,7 +109,6 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
-                   "fused_norm_qkv": not getattr(args, "no_fused_norm_qkv", False),
                    "num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
@@ -301,13 +300,8 @@ def main() -> None:
                         help="run the workload this many times on the same engine (the first is the result)")
     parser.add_argument("--no-window-graphs", action="store_true",
                         help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
-    parser.add_argument("--no-fused-norm-qkv", action="store_true",
-                        help="decode steps without the fused norm + Q/K/V + rotary kernel (models/triton_norm_qkv.py)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
-    if args.no_fused_norm_qkv:
-        from inference.models import triton_norm_qkv
-        triton_norm_qkv.ENABLED = False
     if args.no_window_graphs:
         from inference.runner import window_graph
         window_graph.ENABLED = False

@@ -27,13 +27,12 @@ def resolve_backend(requested: str, device: str) -> str:
     return requested
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor,
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, kv_stored: bool = False) -> torch.Tensor:
     """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``).
 
     ``kv_stored``: the caller already wrote ``k`` and ``v`` to the cache (the model's rotary kernel does on
-    the Triton backend); the Triton path then skips its store kernel. ``k`` and ``v`` may then be None in a
-    decode-only step (the decode kernel reads the cache only).
+    the Triton backend); the Triton path then skips its store kernel.
     """
     if meta.backend == "torch":
         return torch_paged_attention(q, k, v, kv_cache, meta, scale)

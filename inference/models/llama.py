@@ -15,7 +15,7 @@ from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention
 from ..distributed.process_group import TensorParallelGroup
-from .layers import RMSNorm, RotaryEmbedding, silu_and_mul, use_triton_layers
+from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
 from .parallel_layers import (SINGLE_RANK, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                               RowParallelLinear, VocabParallelEmbedding, parallel_logits)
 
@@ -60,29 +60,6 @@ class DecoderAttention(nn.Module):
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
-    def fuses_norm_qkv(self, hidden: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether this step's input norm, Q/K/V projection, rotary and KV store run as one kernel
-        (``triton_norm_qkv``): a decode-only batch of at most its ``MAX_ROWS`` rows on CUDA with the Triton
-        backend, an unquantized 16-bit projection, no per-head Q/K norm, a power-of-two head size >= 32."""
-        if not (meta.backend == "triton" and meta.decode_only and use_triton_layers(hidden)
-                and type(self.qkv_proj) is QKVParallelLinear and not self.qk_norm):
-            return False
-        from . import triton_norm_qkv
-        return (triton_norm_qkv.ENABLED and hidden.shape[0] <= triton_norm_qkv.MAX_ROWS
-                and hidden.dtype in (torch.float16, torch.bfloat16) and self.qkv_proj.weight.dtype == hidden.dtype
-                and self.head_dim >= 32 and not self.head_dim & (self.head_dim - 1))
-
-    def forward_fused_norm(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                           norm: RMSNorm, kv_cache: torch.Tensor,
-                           meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward(norm(hidden, residual))`` when :meth:`fuses_norm_qkv`: returns ``(out, new_residual)``."""
-        from .triton_norm_qkv import norm_qkv_rope
-        q, residual = norm_qkv_rope(hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight,
-                                    self.qkv_proj.bias, positions, self.rotary.cos, self.rotary.sin, kv_cache,
-                                    meta.slot_mapping, self.num_heads, self.num_kv_heads)
-        out = paged_attention(q, None, None, kv_cache, meta, self.scale, kv_stored=True)
-        return self.o_proj(out.reshape(hidden.shape[0], self.q_size)), residual
-
 
 class GatedMLP(nn.Module):
     def __init__(self, config, tp: TensorParallelGroup) -> None:
@@ -109,17 +86,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, kv_cache, meta):
         # An FP8 layer after a norm gets its input quantized by the norm's kernel (Fp8Activation).
-        if self.self_attn.fuses_norm_qkv(hidden, meta):  # one kernel up to the attention (decode steps)
-            hidden, residual = self.self_attn.forward_fused_norm(positions, hidden, residual, self.input_layernorm,
-                                                                 kv_cache, meta)
+        fp8_qkv = getattr(self.self_attn.qkv_proj, "takes_fp8_activations", False)
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden, fp8_out=fp8_qkv)
         else:
-            fp8_qkv = getattr(self.self_attn.qkv_proj, "takes_fp8_activations", False)
-            if residual is None:
-                residual = hidden
-                hidden = self.input_layernorm(hidden, fp8_out=fp8_qkv)
-            else:
-                hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
-            hidden = self.self_attn(positions, hidden, kv_cache, meta)
+            hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(
             hidden, residual, fp8_out=getattr(self.mlp.gate_up_proj, "takes_fp8_activations", False))
         return self.mlp(hidden), residual
