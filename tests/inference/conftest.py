@@ -110,3 +110,18 @@ def make_tiny_model(kind: str, folder: Path, tokenizer, max_position_embeddings:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels_compile_for_hopper():
+    """Without a GPU, every Triton kernel a test module launches (in the interpreter) must also compile for
+    an sm_90 GPU: checked once per module, at its end (``triton_compile``). The interpreter alone lets
+    through code that Triton's compiler rejects. On a GPU the kernels are compiled by their launches."""
+    import os
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        yield
+        return
+    from .triton_compile import compile_for_hopper, record_launches
+    with record_launches() as launches:
+        yield
+    compile_for_hopper(launches)
