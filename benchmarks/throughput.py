@@ -174,9 +174,9 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
 
 def summarise_trace(trace: list[tuple]) -> dict:
     """Wall and device-wait seconds of the ``engine.step()`` calls (a window of ``num_scheduler_steps``
-    decode steps each), by the rows running when each step began: steps
-    while prompts still wait (prefill), then decode steps in batch-size bands. ``wait_s`` is the host
-    blocked on the device; the rest of ``wall_s`` is host work the device may or may not have overlapped."""
+    decode steps each) by the rows running when each call began: the calls while prompts still wait
+    (``waiting``: prefill), then the others in bands of batch size. ``wait_s`` is the host blocked on the
+    device; the rest of ``wall_s`` is host work, which the device's work may or may not have overlapped."""
     bands = [(0, 16), (16, 32), (32, 64), (64, 128), (128, 192), (192, 10**9)]
     out = {}
     for running, waiting, wait_before, wall, wait_after in trace:
