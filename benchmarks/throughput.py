@@ -109,6 +109,7 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
+                   "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
                    "num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,

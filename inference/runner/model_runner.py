@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,18 +92,30 @@ class ModelRunner:
         self.window_graphs = None
         self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
         self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
+        self.graph_memory_bytes = 0  # device memory the captured graphs took (their pools), measured at capture
         if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
-            from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
-            max_blocks = -(-config.max_model_len // self.block_size)
-            self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
-                                                max_blocks, self.block_size, self.num_kv_heads, self.device)
-            self.graph_runner.capture()
-            from . import window_graph  # noqa: PLC0415
-            if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
-                self.window_graphs = window_graph.DecodeWindowGraphs(
-                    self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
-                self.window_graphs.capture()
+            self._capture_graphs(config, tp)
         self._log_memory()
+
+    def _capture_graphs(self, config: EngineConfig, tp: TensorParallelGroup) -> None:
+        """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
+        graphs); log how long that took and the device memory it took, as vLLM does."""
+        started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
+        from . import window_graph  # noqa: PLC0415
+        from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
+        max_blocks = -(-config.max_model_len // self.block_size)
+        self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
+                                            max_blocks, self.block_size, self.num_kv_heads, self.device)
+        self.graph_runner.capture()
+        if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
+            self.window_graphs = window_graph.DecodeWindowGraphs(
+                self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
+            self.window_graphs.capture()
+        self.graph_memory_bytes = max(free_before - torch.cuda.mem_get_info(self.device)[0], 0)
+        windows = f" and windows of {config.scheduler.num_scheduler_steps} steps" if self.window_graphs else ""
+        logger.info("CUDA graphs captured for %d batch sizes%s in %.1f s; they took %.2f GiB",
+                    len(self.graph_runner.sizes), windows, time.perf_counter() - started,
+                    self.graph_memory_bytes / GiB)
 
     def _zeros(self, shape: tuple[int, ...], cpu: bool = False) -> torch.Tensor:
         """A zeroed KV tensor on the device (or on the CPU, pinned when the device is CUDA). On CPU

@@ -47,6 +47,7 @@ def _attach_windows(llm: LLM) -> list:
     replays: list[int] = []
     if HAS_CUDA:
         assert runner.window_graphs is not None and runner.window_graphs.windows
+        assert runner.graph_memory_bytes > 0  # measured at capture, and logged
         original = runner.window_graphs.run
 
         def counted(inputs):
