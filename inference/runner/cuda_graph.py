@@ -30,6 +30,16 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes + [max_num_seqs]))
 
 
+def reset_graphs(graphs: dict) -> None:
+    """Wait for the device, destroy each captured graph of ``graphs`` (values: ``torch.cuda.CUDAGraph``), and
+    empty the dict; nothing when it is empty."""
+    if graphs:
+        torch.cuda.synchronize()
+        for graph in graphs.values():
+            graph.reset()
+        graphs.clear()
+
+
 class CudaGraphRunner:
     """Captures ``model.forward`` for decode batches and replays it.
 
@@ -89,12 +99,7 @@ class CudaGraphRunner:
         """Destroy the captured graphs (idempotent). Must run before the tensor-parallel communicators
         are torn down: graphs holding captured NCCL all-reduces keep ``ncclCommAbort``/destroy from
         returning (pytorch/pytorch#115388); the runner falls back to eager steps afterwards."""
-        if not self.graphs:
-            return
-        torch.cuda.synchronize()
-        for graph in self.graphs.values():
-            graph.reset()
-        self.graphs.clear()
+        reset_graphs(self.graphs)
         self.outputs.clear()
 
     def can_run(self, inputs: ModelInput) -> bool:

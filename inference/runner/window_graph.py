@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from .cuda_graph import CudaGraphRunner
+from .cuda_graph import CudaGraphRunner, reset_graphs
 from .input_batch import ModelInput
 from .multi_step import MultiStepHandle
 
@@ -95,11 +95,7 @@ class DecodeWindowGraphs:
 
     def release(self) -> None:
         """Destroy the captured window graphs (idempotent)."""
-        if self.windows:
-            torch.cuda.synchronize()
-            for graph in self.windows.values():
-                graph.reset()
-            self.windows.clear()
+        reset_graphs(self.windows)
 
     def can_run(self, inputs: ModelInput, num_steps: int, sampling_meta) -> bool:
         """A full window of a decode batch the graphs fit, every row plain greedy."""
