@@ -12,6 +12,10 @@ worker); a deployment sets them itself.
 ``TESSERA_API_KEY``            when set, requests need ``Authorization: Bearer <key>``.
 ``TESSERA_KEY_ONLY``           ``1``: every API request needs a valid key (tenant or deployment).
 ``TESSERA_SHARE_PREFIX_CACHE`` ``1``: tenants share cached prompt prefixes (default: a salt per tenant).
+``TESSERA_ALLOWED_ORIGINS``    CORS: JSON list of origins browsers may call the API from (default ``["*"]``).
+``TESSERA_ALLOWED_METHODS``    CORS: JSON list of methods (default ``["*"]``).
+``TESSERA_ALLOWED_HEADERS``    CORS: JSON list of request headers (default ``["*"]``).
+``TESSERA_ALLOW_CREDENTIALS``  CORS: ``1`` allows credentials (cookies) on cross-origin requests.
 ``TESSERA_DB_PATH``            SQLite database file (default ``db.sqlite3`` in the repository).
 ``TESSERA_LOG_LEVEL``          log level name (default ``INFO``).
 ``DJANGO_SECRET_KEY``          Django's secret key (a fixed development key otherwise).
@@ -20,6 +24,7 @@ worker); a deployment sets them itself.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,10 @@ class ServingEnv:
     api_key: str | None
     key_only: bool
     share_prefix_cache: bool
+    allowed_origins: tuple[str, ...]
+    allowed_methods: tuple[str, ...]
+    allowed_headers: tuple[str, ...]
+    allow_credentials: bool
     db_path: Path
     log_level: str
     secret_key: str
@@ -57,11 +66,33 @@ class ServingEnv:
             api_key=environ.get("TESSERA_API_KEY") or None,
             key_only=environ.get("TESSERA_KEY_ONLY", "") in ("1", "true", "True"),
             share_prefix_cache=environ.get("TESSERA_SHARE_PREFIX_CACHE", "") in ("1", "true", "True"),
+            allowed_origins=json_list(environ, "TESSERA_ALLOWED_ORIGINS"),
+            allowed_methods=json_list(environ, "TESSERA_ALLOWED_METHODS"),
+            allowed_headers=json_list(environ, "TESSERA_ALLOWED_HEADERS"),
+            allow_credentials=environ.get("TESSERA_ALLOW_CREDENTIALS", "") in ("1", "true", "True"),
             db_path=Path(environ.get("TESSERA_DB_PATH") or BASE_DIR / "db.sqlite3"),
             log_level=(environ.get("TESSERA_LOG_LEVEL") or "INFO").upper(),
             secret_key=environ.get("DJANGO_SECRET_KEY") or "tessera-development-key-change-me-in-production",
             debug=environ.get("DJANGO_DEBUG", "") in ("1", "true", "True"),
         )
+
+
+def json_list(environ, name: str, default: tuple[str, ...] = ("*",)) -> tuple[str, ...]:
+    """The JSON list of strings in ``environ[name]`` (vLLM's form of ``--allowed-origins``), or ``default``.
+
+    Raises:
+        ValueError: the variable is not a JSON list of strings (the message names it).
+    """
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{name} must be a JSON list of strings, e.g. '[\"*\"]': {error}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{name} must be a JSON list of strings, e.g. '[\"*\"]', got {raw[:200]!r}")
+    return tuple(value)
 
 
 ENV = ServingEnv.from_environ()

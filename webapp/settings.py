@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "corsheaders",
     "tenants",
     "dashboard",
     "webapp",
@@ -32,7 +33,16 @@ MIDDLEWARE = [
 
 # The API needs none of the above; each would cost two thread hops per request under ASGI
 # (see webapp/handlers.py). Only /admin/, /tenants/, /dashboard/ and /static/ go through MIDDLEWARE.
-API_MIDDLEWARE: list[str] = []
+# Cross-origin requests from browser apps (django-cors-headers; async, so no thread hop): the API only,
+# as vLLM's --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials, default all.
+API_MIDDLEWARE: list[str] = ["corsheaders.middleware.CorsMiddleware"]
+CORS_ALLOW_ALL_ORIGINS = "*" in ENV.allowed_origins
+CORS_ALLOWED_ORIGINS = [origin for origin in ENV.allowed_origins if origin != "*"]
+CORS_ALLOW_METHODS = (["DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"] if "*" in ENV.allowed_methods
+                      else list(ENV.allowed_methods))
+# A "*" in Access-Control-Allow-Headers does not cover Authorization (the Fetch standard): it is named too.
+CORS_ALLOW_HEADERS = (["*", "authorization"] if "*" in ENV.allowed_headers else list(ENV.allowed_headers))
+CORS_ALLOW_CREDENTIALS = ENV.allow_credentials
 
 ROOT_URLCONF = "webapp.urls"
 ASGI_APPLICATION = "webapp.asgi.application"

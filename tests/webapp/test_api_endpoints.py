@@ -182,3 +182,39 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(stack):
     assert status == 400 and error["param"] == "min_tokens", body
     status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "echo": False})
     assert status == 400 and json.loads(body)["error"]["param"] == "max_tokens"  # without echo: at least 1
+
+
+def test_browsers_may_call_the_api_from_any_origin_by_default(stack):
+    """CORS, as vLLM's defaults (--allowed-origins '["*"]'): a browser app on another origin can call the API,
+    preflight included, with an Authorization header (which a bare "*" would not cover)."""
+    status, headers, _ = _lower(http("OPTIONS", stack.base_url + "/v1/chat/completions", headers={
+        "Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}))
+    assert status == 200 and headers["access-control-allow-origin"] == "*"
+    assert "POST" in headers["access-control-allow-methods"]
+    allowed = [h.strip() for h in headers["access-control-allow-headers"].split(",")]
+    assert "*" in allowed and "authorization" in allowed
+    status, headers, body = _lower(http("GET", stack.base_url + "/v1/models",
+                                        headers={"Origin": "https://app.example.com"}))
+    assert status == 200 and headers["access-control-allow-origin"] == "*" and json.loads(body)["data"]
+
+
+def test_only_the_allowed_origins_get_cors_headers(tmp_path):
+    web_only = Stack(tmp_path, num_workers=0, TESSERA_ALLOWED_ORIGINS='["https://app.example.com"]',
+                     TESSERA_ALLOW_CREDENTIALS="1")
+    try:
+        allowed = _lower(http("GET", web_only.base_url + "/version", headers={"Origin": "https://app.example.com"}))[1]
+        other = _lower(http("GET", web_only.base_url + "/version", headers={"Origin": "https://evil.example"}))[1]
+        preflight = _lower(http("OPTIONS", web_only.base_url + "/v1/completions", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}))[1]
+    finally:
+        web_only.stop()
+    assert allowed["access-control-allow-origin"] == "https://app.example.com"
+    assert allowed["access-control-allow-credentials"] == "true"
+    assert "access-control-allow-origin" not in other and "access-control-allow-origin" not in preflight
+
+
+def _lower(response: tuple[int, dict, bytes]) -> tuple[int, dict, bytes]:
+    """``http``'s answer with lower-case header names (HTTP header names are case-insensitive)."""
+    status, headers, body = response
+    return status, {name.lower(): value for name, value in headers.items()}, body

@@ -109,6 +109,9 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     (["--port", "99999"], "must be a TCP port from 1 to 65535"),
     (["--max-model-len", "-5"], "max_model_len must be at least 1 token, got -5"),
     (["--kv-cache-space", "-1"], "kv_cache_space must be a positive number of GiB"),
+    (["--allowed-origins", "https://app.example.com"], "--allowed-origins: must be a JSON list of strings"),
+    (["--allowed-origins", '["https://app.example.com/chat"]'], "'https://app.example.com/chat' is not an origin"),
+    (["--allowed-headers", '["x-tenant-id", 3]'], "--allowed-headers: must be a JSON list of strings"),
 ])
 def test_flags_the_model_cannot_use_stop_serve_before_it_starts(tmp_path, flag, message):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))

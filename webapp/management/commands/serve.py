@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from urllib.parse import urlsplit
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -21,6 +22,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
+from webapp.env import json_list
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
 
 logger = logging.getLogger("tessera.serve")
@@ -40,6 +42,28 @@ def port_number(text: str) -> int:
     return port
 
 
+def json_string_list(text: str) -> str:
+    """argparse type of the CORS flags: a JSON list of strings, as vLLM takes them; passed on as that JSON
+    (``TESSERA_ALLOWED_*``, read by :func:`webapp.env.json_list`)."""
+    try:
+        json_list({"flag": text}, "flag")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. '[\"*\"]', got {text!r}") from None
+    return text
+
+
+def origin_list(text: str) -> str:
+    """argparse type of ``--allowed-origins``: a JSON list whose items are ``*``, ``null`` or
+    ``scheme://host[:port]`` (no path: a browser's Origin header never has one)."""
+    for origin in json_list({"flag": json_string_list(text)}, "flag"):
+        parts = urlsplit(origin)
+        if origin not in ("*", "null") and not (parts.scheme and parts.netloc and not parts.path
+                                                and not parts.query and not parts.fragment):
+            raise argparse.ArgumentTypeError(f"{origin!r} is not an origin: use scheme://host[:port], "
+                                             f"e.g. https://app.example.com, or \"*\"")
+    return text
+
+
 class Command(BaseCommand):
     help = "Serve a model with an OpenAI-compatible API (Daphne + Celery engine workers + Redis)."
 
@@ -53,6 +77,14 @@ class Command(BaseCommand):
                                               "(this key, or a tenant's key).")
         parser.add_argument("--key-only", action="store_true",
                             help="Every API request needs a valid key (a tenant's, or --api-key).")
+        for flag, what, check in (("--allowed-origins", "origins", origin_list),
+                                  ("--allowed-methods", "methods", json_string_list),
+                                  ("--allowed-headers", "request headers", json_string_list)):
+            parser.add_argument(flag, type=check, default=None, metavar="JSON",
+                                help=f"CORS: the {what} browsers may use on the API, a JSON list such as "
+                                     f"'[\"*\"]' (the default).")
+        parser.add_argument("--allow-credentials", action="store_true",
+                            help="CORS: allow credentials (cookies) on cross-origin API requests.")
         parser.add_argument("--tenant-id", action="append", default=[], metavar="SLUG=SHARE%",
                             help="Create or update a tenant with its GPU share, e.g. --tenant-id team1=30%% "
                                  "--tenant-id team2=70%% (repeatable).")
@@ -120,7 +152,9 @@ class Command(BaseCommand):
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
             TESSERA_API_KEY=options["api_key"], TESSERA_KEY_ONLY="1" if options["key_only"] else None,
-            TESSERA_LOG_LEVEL=options["log_level"].upper(),
+            TESSERA_LOG_LEVEL=options["log_level"].upper(), TESSERA_ALLOWED_ORIGINS=options["allowed_origins"],
+            TESSERA_ALLOWED_METHODS=options["allowed_methods"], TESSERA_ALLOWED_HEADERS=options["allowed_headers"],
+            TESSERA_ALLOW_CREDENTIALS="1" if options["allow_credentials"] else None,
             OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
         for _ in range(options["data_parallel_size"]):
             children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env))
