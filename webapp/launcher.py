@@ -49,6 +49,7 @@ class Child:
                  log_path: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.argv = argv
+        self.env = env  # what it was started with (a restart in its place reuses it)
         self._log = open(log_path, "ab") if log_path else None
         preexec = _die_with_parent if DIE_WITH_PARENT and sys.platform.startswith("linux") else None
         self.proc = subprocess.Popen(argv, env=env, cwd=BASE_DIR, start_new_session=True, pass_fds=pass_fds,

@@ -12,6 +12,7 @@ import time
 
 import redis
 
+from . import worker_slot
 from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
 from .model_lifecycle import READY
 from .queues import CeleryQueues
@@ -39,6 +40,7 @@ class CommandLoop:
         except Exception:  # a failed load is logged by load, and its state and error say what happened
             if command.op == UNLOAD:
                 logger.exception("unloading failed")
+        worker_slot.record(self._redis, self.slot, self.spec if self.state == READY else None)
 
     def _sync_queues_quietly(self) -> None:
         """Between commands: consume the queues of tenants created since (:meth:`sync_queues`)."""

@@ -23,14 +23,14 @@ import redis
 
 from inference import EngineArgs
 
-from . import held
+from . import held, worker_slot
 from .admission import Admission, WorkerShuttingDown
 from .command_loop import CommandLoop
 from .commands import commands_key
 from .engine_loop import EngineLoop
 from .heartbeat_info import HeartbeatInfo
 from .io_loop import WorkerIO
-from .model_lifecycle import IDLE, ModelLifecycle, default_max_waiting_requests
+from .model_lifecycle import IDLE, READY, ModelLifecycle, default_max_waiting_requests
 from .model_spec import ModelSpec
 from .queues import CeleryQueues
 
@@ -73,6 +73,7 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         self.base_args = base_args
         self.max_waiting_requests = max_waiting_requests
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.slot = os.environ.get("TESSERA_WORKER_SLOT") or None  # see worker_slot: set by serve
         self._redis_url = redis_url
         self._redis = redis.Redis.from_url(redis_url)
         self._build_engine = engine_builder
@@ -92,7 +93,7 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
 
     def start(self, spec: ModelSpec | None) -> None:
         """Start the I/O thread (its first heartbeat registers this worker), then load ``spec``
-        if given.
+        if given; in a :mod:`worker slot <.worker_slot>` with a record, what the record says instead.
 
         Raises:
             what building the engine raised (``ModelLoadError``, ``NotSupportedYetError``, ...).
@@ -105,8 +106,17 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         # which the engine thread rarely does (torch releases it inside its kernels).
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         self.io.start_and_wait()
-        if spec is not None:
+        found, resumed = worker_slot.recorded(self._redis, self.slot)
+        if found:  # this slot's previous worker died: serve what it served (what the admin last loaded)
+            logger.info("worker slot %s: resuming with %s", self.slot, resumed.name if resumed else "no model")
+            try:
+                if resumed is not None:
+                    self.load(resumed)
+            except Exception:  # noqa: BLE001 - logged by load; stay up, failed and idle, not in a restart loop
+                pass
+        elif spec is not None:
             self.load(spec)
+        worker_slot.record(self._redis, self.slot, self.spec if self.state == READY else None)
         logger.info("worker %s started (%s; commands on %s)", self.worker_id,
                     f"serves {self.model}" if self.model else "no model", commands_key(self.worker_id))
 

@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import time
 from urllib.parse import urlsplit
 
@@ -156,8 +157,9 @@ class Command(BaseCommand):
             TESSERA_ALLOWED_METHODS=options["allowed_methods"], TESSERA_ALLOWED_HEADERS=options["allowed_headers"],
             TESSERA_ALLOW_CREDENTIALS="1" if options["allow_credentials"] else None,
             OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
-        for _ in range(options["data_parallel_size"]):
-            children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env))
+        for index in range(options["data_parallel_size"]):  # a slot each: a restart resumes its model
+            slot = {**env, "TESSERA_WORKER_SLOT": f"{socket.gethostname()}-{os.getpid()}-{index}"}
+            children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), slot))
         children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
         host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
         base_url = f"http://{host}:{options['port']}"
@@ -174,9 +176,10 @@ class Command(BaseCommand):
                 restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW]
                 if child.name != "worker" or len(restarts) >= MAX_RESTARTS:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
-                self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one.")
+                self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one, which "
+                                  "serves the model it served.")
                 restarts.append(time.monotonic())
-                children[i] = launcher.start_worker(engine_argv(engine_args) + worker_argv(options), env)
+                children[i] = launcher.start_worker(engine_argv(engine_args) + worker_argv(options), child.env)
             time.sleep(0.5)
 
 
