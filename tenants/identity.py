@@ -11,7 +11,8 @@ Rules (the README's Tenants section says the same):
    ``--api-key`` set) the request is 401. Otherwise (local development, or tenants that
    have no keys) ``X-Tenant-ID`` alone selects the tenant, and a request without it is the
    ``default`` tenant's; a tenant that has keys of its own cannot be selected this way (401).
-   Other ``Authorization`` values (the OpenAI SDK needs *some* key, e.g. ``EMPTY``) are ignored.
+   Other ``Authorization`` values (the OpenAI SDK needs *some* key, e.g. ``EMPTY``) are ignored, except a
+   tenant key sent without ``Bearer``: 401, not served as the default tenant.
 4. Unknown tenant: 404; inactive tenant: 403; a model the tenant may not use: 403.
 
 Lookups are cached per process and dropped whenever the tenants version in Redis moves
@@ -189,6 +190,8 @@ async def identify(authorization: str, tenant_header: str | None) -> Caller:
     key_only = bool(cfg.get("KEY_ONLY")) or bool(deployment_key)
     header = (tenant_header or "").strip() or None
     secret = _bearer(authorization)
+    if not secret and authorization.strip().startswith(KEY_PREFIX):  # a tenant key without its scheme
+        raise _invalid_key("Pass the API key as 'Authorization: Bearer <key>' (the 'Bearer ' is missing).")
     if deployment_key and secret and hmac.compare_digest(secret.encode(), deployment_key.encode()):
         return Caller(await _selected(header or DEFAULT_TENANT_SLUG))
     if secret.startswith(KEY_PREFIX):

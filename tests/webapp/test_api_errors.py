@@ -256,3 +256,24 @@ def test_api_key(side_web):
     assert error["code"] == "invalid_api_key"
     status, _, body = http("GET", s.base_url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
     assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
+
+
+@pytest.mark.parametrize("field, value", [("guided_json", {"type": "object"}), ("guided_regex", "[0-9]+"),
+                                          ("guided_choice", ["yes", "no"]), ("structured_outputs", {"json": {}})])
+def test_guided_decoding_is_refused_not_ignored(stack, field, value):
+    """vLLM constrains the output with these; free text in their place would pass for constrained output."""
+    for path, body in (("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "hi"})):
+        error = _error(http("POST", stack.base_url + path, {"model": MODEL, "max_tokens": 2, field: value, **body}),
+                       400)
+        assert error["param"] == field and "not supported" in error["message"], error
+
+
+def test_whole_number_floats_count_as_integers_as_in_vllm(stack):
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {"model": MODEL, "prompt": "hi", "max_tokens": 2.0, "n": 2.0, "seed": 1.0})
+    assert status == 200, body
+    choices = json.loads(body)["choices"]
+    assert len(choices) == 2 and all(c["finish_reason"] == "length" for c in choices)
+    error = _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2.5}),
+                   400)
+    assert error["param"] == "max_tokens"

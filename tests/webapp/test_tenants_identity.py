@@ -73,6 +73,18 @@ def test_key_identifies_its_tenant_and_the_header_must_agree(tenant_web):
     assert error["code"] == "tenant_mismatch" and len(error["message"]) < 200, error["message"]
 
 
+def test_a_tenant_key_without_bearer_is_401_not_the_default_tenant(tenant_web):
+    from tenants.models import ApiKey, Tenant
+
+    team = make_tenant()
+    _, secret = ApiKey.issue(team)
+    default_before = usage_totals(Tenant.objects.get(slug="default"))["requests"]
+    error = _error(completion(tenant_web.base_url, {"Authorization": secret}), 401)
+    assert error["code"] == "invalid_api_key" and "Bearer" in error["message"] and secret not in error["message"]
+    assert completion(tenant_web.base_url, {"Authorization": "bearer " + secret})[0] == 200  # any case of it
+    assert usage_totals(Tenant.objects.get(slug="default"))["requests"] == default_before
+
+
 def test_a_tenant_with_keys_cannot_be_selected_by_header_alone(tenant_web):
     from tenants.models import ApiKey
 
@@ -138,6 +150,16 @@ def test_key_only_mode(guarded):
     assert _error(completion(url, bearer("EMPTY")), 401)["code"] == "invalid_api_key"
     assert _error(http_json("GET", url + "/v1/models"), 401)["code"] == "invalid_api_key"
     assert completion(url, bearer(secret))[0] == 200
+    # vLLM's tokenizer endpoints too: key-only means every API request
+    tokenize = {"model": MODEL, "prompt": "hi"}
+    assert _error(_post(url + "/tokenize", tokenize), 401)["code"] == "invalid_api_key"
+    assert _error(_post(url + "/detokenize", {"tokens": [1]}, bearer("tsk-bogus")), 401)["code"] == "invalid_api_key"
+    assert _post(url + "/tokenize", tokenize, bearer(secret))[0] == 200
+
+
+def _post(url: str, body: dict, headers: dict | None = None):
+    status, response_headers, raw = http("POST", url, body, headers=headers)
+    return status, response_headers, json.loads(raw)
 
 
 def test_deployment_key_picks_any_tenant(guarded):
@@ -174,9 +196,12 @@ def test_create_api_key_command_prints_the_secret_once(tenant_web, orm, stack):
                                 env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
         assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
         assert f"Cannot create tenant '{slug}'" in failed.stderr and problem in failed.stderr, failed.stderr
-    failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "late-team", "--create-tenant",
-                             "--expires-in-days", "0"], env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
-    assert failed.returncode != 0 and "--expires-in-days must be positive" in failed.stderr
+    for days in ("0", "99999999", "inf", "nan"):  # not a traceback (an overflowing date, NaN)
+        failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "late-team", "--create-tenant",
+                                 "--expires-in-days", days], env=env, capture_output=True, text=True,
+                                cwd=launcher.BASE_DIR)
+        assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
+        assert "--expires-in-days must be a number of days from 0 (excluded) to 36500" in failed.stderr
     from tenants.models import Tenant
 
     assert not Tenant.objects.filter(slug="late-team").exists()  # refused before anything was created

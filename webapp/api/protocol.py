@@ -68,6 +68,11 @@ def _reject_lone_surrogates(body: dict[str, Any]) -> None:
                           "a Unicode character; send valid text (surrogates only as pairs).", param=field_name)
 
 
+# vLLM's guided-decoding request fields (and its newer structured_outputs object)
+GUIDED_DECODING_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+                          "structured_outputs")
+
+
 class Body:
     """Typed access to a JSON object's fields: ``get("n", int, 1)``."""
 
@@ -78,7 +83,8 @@ class Body:
     def get(self, name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
         """The value of ``name`` if it has type ``kind`` (``None`` gives ``default``).
 
-        Integers count as numbers; booleans count only as booleans.
+        Integers count as numbers; booleans count only as booleans; a whole-number float (``2.0``) counts as
+        an integer, as vLLM's request models take it.
         """
         value = self.data.get(name, None)
         if value is None:
@@ -87,6 +93,8 @@ class Body:
         ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds)
         if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
             ok = True
+        if not ok and int in kinds and isinstance(value, float) and value.is_integer():
+            value, ok = int(value), True
         if not ok:
             expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
             raise bad_request(f"'{self.prefix}{name}' must be {expected}, got {json.dumps(value)[:80]}.",
@@ -213,6 +221,9 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if response_format and response_format.get("type", "text") != "text":
         raise bad_request("'response_format' other than text (structured output) is not supported yet.",
                           param="response_format")
+    for name in GUIDED_DECODING_FIELDS:  # vLLM's extras: refused, so that no client takes free text for JSON
+        if body.data.get(name) is not None:
+            raise bad_request(f"'{name}' (guided decoding, structured output) is not supported yet.", param=name)
     sampling = {
         "n": body.get("n", int, 1),
         "best_of": body.get("best_of", int, None),  # SamplingParams refuses one other than n

@@ -135,9 +135,10 @@ async def retrieve_model(request: HttpRequest, caller: Caller, model: str) -> Ht
     return JsonResponse(_model_card(model, *live))
 
 
-@api_view("POST", authenticate=False)
-async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
-    """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``."""
+@api_view("POST")
+async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
+    """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``. Keys as on
+    ``/v1`` (a key-only server refuses a request without one)."""
     body = Body(parse_json_body(request.body))
     served = await resolve_served_model(body.get("model", str, ""))
     tokenizer = await _tokenizer(served)
@@ -165,9 +166,9 @@ async def tokenize(request: HttpRequest, tenant) -> HttpResponse:
     return JsonResponse(result)
 
 
-@api_view("POST", authenticate=False)
-async def detokenize(request: HttpRequest, tenant) -> HttpResponse:
-    """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``."""
+@api_view("POST")
+async def detokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
+    """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``. Keys as on ``/v1``."""
     body = Body(parse_json_body(request.body))
     served = await resolve_served_model(body.get("model", str, ""))
     tokenizer = await _tokenizer(served)

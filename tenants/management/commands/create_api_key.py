@@ -11,6 +11,9 @@ from django.utils import timezone
 from tenants.models import ApiKey, Tenant
 
 
+MAX_EXPIRY_DAYS = 36500
+
+
 class Command(BaseCommand):
     help = "Create an API key for a tenant and print its secret (shown only this once)."
 
@@ -24,8 +27,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         slug = options["tenant"]
         days = options["expires_in_days"]
-        if days is not None and days <= 0:  # checked before anything is created
-            raise CommandError("--expires-in-days must be positive.")
+        if days is not None and not 0 < days <= MAX_EXPIRY_DAYS:  # checked before anything is created (NaN too)
+            raise CommandError(f"--expires-in-days must be a number of days from 0 (excluded) to {MAX_EXPIRY_DAYS} "
+                               f"(100 years; omit it for a key that never expires), got {days}.")
         tenant = Tenant.objects.filter(slug=slug).first()
         if tenant is None:
             if not options["create_tenant"]:
