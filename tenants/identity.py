@@ -190,7 +190,7 @@ async def identify(authorization: str, tenant_header: str | None) -> Caller:
     key_only = bool(cfg.get("KEY_ONLY")) or bool(deployment_key)
     header = (tenant_header or "").strip() or None
     secret = _bearer(authorization)
-    if not secret and authorization.strip().startswith(KEY_PREFIX):  # a tenant key without its scheme
+    if not secret and KEY_PREFIX in authorization:  # a tenant key without its scheme (or in another one)
         raise _invalid_key("Pass the API key as 'Authorization: Bearer <key>' (the 'Bearer ' is missing).")
     if deployment_key and secret and hmac.compare_digest(secret.encode(), deployment_key.encode()):
         return Caller(await _selected(header or DEFAULT_TENANT_SLUG))

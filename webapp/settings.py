@@ -41,7 +41,9 @@ CORS_ALLOWED_ORIGINS = [origin for origin in ENV.allowed_origins if origin != "*
 CORS_ALLOW_METHODS = (["DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"] if "*" in ENV.allowed_methods
                       else list(ENV.allowed_methods))
 # A "*" in Access-Control-Allow-Headers does not cover Authorization (the Fetch standard): it is named too.
-CORS_ALLOW_HEADERS = (["*", "authorization"] if "*" in ENV.allowed_headers else list(ENV.allowed_headers))
+# An explicit list gets the CORS-safelisted headers too (Content-Type: a JSON POST), as Starlette's (vLLM's).
+CORS_ALLOW_HEADERS = (["*", "authorization"] if "*" in ENV.allowed_headers else list(dict.fromkeys(
+    [*ENV.allowed_headers, "accept", "accept-language", "content-language", "content-type"])))
 CORS_ALLOW_CREDENTIALS = ENV.allow_credentials
 
 ROOT_URLCONF = "webapp.urls"

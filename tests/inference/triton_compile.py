@@ -58,8 +58,11 @@ def record_launches():
     run = InterpretedFunction.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
-        params = inspect.signature(self.fn).parameters
-        bound = dict(zip(self.arg_names, args)) | {k: v for k, v in kwargs.items() if k in params}
+        signature = inspect.signature(self.fn)
+        params = signature.parameters
+        binding = signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
+        binding.apply_defaults()  # a parameter left at its default compiles with that default
+        bound = dict(binding.arguments)
         launches.append({"kernel": f"{self.fn.__module__}:{self.fn.__name__}",
                          "args": {k: _describe(v, "constexpr" in str(params[k].annotation)) for k, v in bound.items()},
                          "options": {k: v for k, v in kwargs.items() if k in _OPTIONS}})

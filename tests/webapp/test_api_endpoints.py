@@ -201,9 +201,12 @@ def test_browsers_may_call_the_api_from_any_origin_by_default(stack):
 
 def test_only_the_allowed_origins_get_cors_headers(tmp_path):
     web_only = Stack(tmp_path, num_workers=0, TESSERA_ALLOWED_ORIGINS='["https://app.example.com"]',
-                     TESSERA_ALLOW_CREDENTIALS="1")
+                     TESSERA_ALLOW_CREDENTIALS="1", TESSERA_ALLOWED_HEADERS='["authorization"]')
     try:
         allowed = _lower(http("GET", web_only.base_url + "/version", headers={"Origin": "https://app.example.com"}))[1]
+        ok_preflight = _lower(http("OPTIONS", web_only.base_url + "/v1/completions", headers={
+            "Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"}))[1]
         other = _lower(http("GET", web_only.base_url + "/version", headers={"Origin": "https://evil.example"}))[1]
         preflight = _lower(http("OPTIONS", web_only.base_url + "/v1/completions", headers={
             "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}))[1]
@@ -211,6 +214,8 @@ def test_only_the_allowed_origins_get_cors_headers(tmp_path):
         web_only.stop()
     assert allowed["access-control-allow-origin"] == "https://app.example.com"
     assert allowed["access-control-allow-credentials"] == "true"
+    listed = {h.strip() for h in ok_preflight["access-control-allow-headers"].split(",")}
+    assert {"authorization", "content-type"} <= listed  # a JSON POST passes an explicit header list, as in vLLM
     assert "access-control-allow-origin" not in other and "access-control-allow-origin" not in preflight
 
 

@@ -110,6 +110,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     (["--max-model-len", "-5"], "max_model_len must be at least 1 token, got -5"),
     (["--kv-cache-space", "-1"], "kv_cache_space must be a positive number of GiB"),
     (["--allowed-origins", "https://app.example.com"], "--allowed-origins: must be a JSON list of strings"),
+    (["--allowed-origins", ""], "--allowed-origins: must be a JSON list of strings"),  # not "allow all"
     (["--allowed-origins", '["https://app.example.com/chat"]'], "'https://app.example.com/chat' is not an origin"),
     (["--allowed-headers", '["x-tenant-id", 3]'], "--allowed-headers: must be a JSON list of strings"),
 ])

@@ -124,6 +124,8 @@ def test_model_not_allowed_is_403_and_not_listed(tenant_web):
     assert error["code"] == "model_not_allowed" and error["param"] == "model" and MODEL in error["message"]
     status, _, raw = http("GET", tenant_web.base_url + "/v1/models", headers=headers)
     assert status == 200 and json.loads(raw)["data"] == []
+    tokenize = _post(tenant_web.base_url + "/tokenize", {"model": MODEL, "prompt": "hi"}, headers)
+    assert _error(tokenize, 403)["code"] == "model_not_allowed"  # /tokenize does not reveal it either
     allowed = make_tenant(allowed_models=[MODEL])
     assert completion(tenant_web.base_url, {"X-Tenant-ID": allowed.slug})[0] == 200
     assert wait_usage(team, 1)["errors_invalid_request"] == 1

@@ -45,7 +45,7 @@ def test_a_restarted_worker_serves_what_its_slot_served(tmp_path):
         spec = ModelSpec(name=LOADED, source=MODEL, max_model_len=512)
         send_command(s.redis, worker["id"], ModelCommand(LOAD, spec))
         _wait(lambda: _ready(s, LOADED))
-        assert worker_slot.recorded(s.redis, "test-host-1-0") == (True, spec)
+        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-1-0")))["spec"] == spec.to_json()
 
         _restart(s)
         restarted = _wait(lambda: _ready(s, LOADED))
@@ -56,9 +56,11 @@ def test_a_restarted_worker_serves_what_its_slot_served(tmp_path):
         send_command(s.redis, restarted["id"], ModelCommand(UNLOAD))
         _wait(lambda: _ready(s, None))
         _restart(s)
-        time.sleep(3)  # long enough for a worker that would load a model to be seen loading it
+        log = s.logs_dir / f"worker{len(s.workers) - 1}.log"
+        _wait(lambda: log.exists() and " started (" in log.read_text())  # start() done: it loaded what it would
         idle = _wait(lambda: _ready(s, None))
-        assert not idle.get("loading") and worker_slot.recorded(s.redis, "test-host-1-0") == (True, None)
+        assert "started (no model" in log.read_text() and not idle.get("loading")
+        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-1-0")))["spec"] is None
     finally:
         s.stop()
 
@@ -72,6 +74,22 @@ def test_a_recorded_model_that_no_longer_loads_leaves_the_worker_up_and_idle(tmp
         worker = s.add_worker()
         info = _wait(lambda: [i for i in s.worker_infos() if i.get("state") == "failed"], 120)[0]
         assert "deleted.gguf" in info.get("error", "") and worker.alive()
-        assert worker_slot.recorded(s.redis, "test-host-2-0") == (True, None)
+        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-2-0")))["spec"] is None
+    finally:
+        s.stop()
+
+
+def test_a_model_whose_workers_keep_dying_is_resumed_twice_then_the_flags_win(tmp_path):
+    """No restart loop when the resumed model kills its worker each time: after MAX_RESUMES resumes within
+    RESUME_WINDOW, the next worker in the slot starts with its flags' model."""
+    s = Stack(tmp_path, num_workers=0, TESSERA_WORKER_SLOT="test-host-3-0")
+    try:
+        spec = ModelSpec(name=LOADED, source=MODEL, max_model_len=512)
+        now = time.time()
+        s.redis.set(worker_slot.slot_key("test-host-3-0"),
+                    json.dumps({"spec": spec.to_json(), "resumes": [now - 60, now - 30]}))
+        s.add_worker()
+        _wait(lambda: _ready(s, MODEL))  # the flags' model, not the record's
+        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-3-0")))["spec"]["name"] == MODEL
     finally:
         s.stop()

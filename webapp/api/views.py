@@ -135,12 +135,19 @@ async def retrieve_model(request: HttpRequest, caller: Caller, model: str) -> Ht
     return JsonResponse(_model_card(model, *live))
 
 
+async def _tenant_model(caller: Caller, body: Body):
+    """The served model ``body`` names (or the default one), refused (403) outside the caller's tenant's."""
+    served = await resolve_served_model(body.get("model", str, ""))
+    caller.check_model(served.name)
+    return served
+
+
 @api_view("POST")
 async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``. Keys as on
-    ``/v1`` (a key-only server refuses a request without one)."""
+    ``/v1`` (a key-only server refuses a request without one), and only the tenant's models."""
     body = Body(parse_json_body(request.body))
-    served = await resolve_served_model(body.get("model", str, ""))
+    served = await _tenant_model(caller, body)
     tokenizer = await _tokenizer(served)
     max_chars = await _max_chars(served, tokenizer)
     if "messages" in body.data:
@@ -168,9 +175,9 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
 
 @api_view("POST")
 async def detokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
-    """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``. Keys as on ``/v1``."""
+    """POST /detokenize: ``{"tokens": [int]}`` -> ``{"prompt": str}``. Keys and models as on ``/v1``."""
     body = Body(parse_json_body(request.body))
-    served = await resolve_served_model(body.get("model", str, ""))
+    served = await _tenant_model(caller, body)
     tokenizer = await _tokenizer(served)
     tokens = body.get("tokens", list, None)
     if tokens is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):

@@ -106,9 +106,10 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         # which the engine thread rarely does (torch releases it inside its kernels).
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         self.io.start_and_wait()
-        found, resumed = worker_slot.recorded(self._redis, self.slot)
+        found, resumed, resumes = worker_slot.resume(self._redis, self.slot)
         if found:  # this slot's previous worker died: serve what it served (what the admin last loaded)
             logger.info("worker slot %s: resuming with %s", self.slot, resumed.name if resumed else "no model")
+            worker_slot.record(self._redis, self.slot, resumed, resumes)  # counted first: a crash in the load counts
             try:
                 if resumed is not None:
                     self.load(resumed)
@@ -116,7 +117,7 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
                 pass
         elif spec is not None:
             self.load(spec)
-        worker_slot.record(self._redis, self.slot, self.spec if self.state == READY else None)
+        worker_slot.record(self._redis, self.slot, self.spec if self.state == READY else None, resumes)
         logger.info("worker %s started (%s; commands on %s)", self.worker_id,
                     f"serves {self.model}" if self.model else "no model", commands_key(self.worker_id))
 

@@ -14,8 +14,10 @@ import os
 import signal
 import socket
 import time
+import uuid
 from urllib.parse import urlsplit
 
+import redis
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
@@ -24,6 +26,7 @@ from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
 from webapp.env import json_list
+from webapp.serving import worker_slot
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
 
 logger = logging.getLogger("tessera.serve")
@@ -47,6 +50,8 @@ def json_string_list(text: str) -> str:
     """argparse type of the CORS flags: a JSON list of strings, as vLLM takes them; passed on as that JSON
     (``TESSERA_ALLOWED_*``, read by :func:`webapp.env.json_list`)."""
     try:
+        if not text.strip():
+            raise ValueError("empty")
         json_list({"flag": text}, "flag")
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. '[\"*\"]', got {text!r}") from None
@@ -124,6 +129,10 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(str(error)) from None
         options["tenant_specs"] = tenant_specs
+        origins = options["allowed_origins"] or os.environ.get("TESSERA_ALLOWED_ORIGINS") or '["*"]'
+        if options["allow_credentials"] and "*" in json_list({"o": origins}, "o"):
+            self.stderr.write("Warning: --allow-credentials with every origin allowed lets any website send requests "
+                              "with the user's cookies and read the answers; list the origins (--allowed-origins).")
         children: list[launcher.Child] = []
         # Ctrl-C and SIGTERM both stop everything. SIGINT explicitly too: a shell starting serve in the
         # background without job control makes it ignore SIGINT, and Python then installs no handler.
@@ -135,6 +144,9 @@ class Command(BaseCommand):
             self.stdout.write("Stopping...")
         finally:
             launcher.stop_all(children)  # web and workers together, Redis last
+            shared_redis = os.environ.get("REDIS_URL")
+            if shared_redis and getattr(self, "slots", None):  # a private Redis is gone with its records
+                worker_slot.forget(redis.Redis.from_url(shared_redis, socket_timeout=5), self.slots)
             self.stdout.write("Stopped.")
 
     def _run(self, options: dict, engine_args, children: list[launcher.Child]) -> None:
@@ -152,14 +164,20 @@ class Command(BaseCommand):
         env = launcher.child_env(
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
-            TESSERA_API_KEY=options["api_key"], TESSERA_KEY_ONLY="1" if options["key_only"] else None,
-            TESSERA_LOG_LEVEL=options["log_level"].upper(), TESSERA_ALLOWED_ORIGINS=options["allowed_origins"],
-            TESSERA_ALLOWED_METHODS=options["allowed_methods"], TESSERA_ALLOWED_HEADERS=options["allowed_headers"],
-            TESSERA_ALLOW_CREDENTIALS="1" if options["allow_credentials"] else None,
+            # a flag wins; without it, what the environment already says (a deployment's settings) stays
+            TESSERA_API_KEY=options["api_key"] or os.environ.get("TESSERA_API_KEY"),
+            TESSERA_KEY_ONLY="1" if options["key_only"] else os.environ.get("TESSERA_KEY_ONLY"),
+            TESSERA_LOG_LEVEL=options["log_level"].upper(),
+            TESSERA_ALLOWED_ORIGINS=options["allowed_origins"] or os.environ.get("TESSERA_ALLOWED_ORIGINS"),
+            TESSERA_ALLOWED_METHODS=options["allowed_methods"] or os.environ.get("TESSERA_ALLOWED_METHODS"),
+            TESSERA_ALLOWED_HEADERS=options["allowed_headers"] or os.environ.get("TESSERA_ALLOWED_HEADERS"),
+            TESSERA_ALLOW_CREDENTIALS="1" if options["allow_credentials"] else os.environ.get("TESSERA_ALLOW_CREDENTIALS"),
             OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
-        for index in range(options["data_parallel_size"]):  # a slot each: a restart resumes its model
-            slot = {**env, "TESSERA_WORKER_SLOT": f"{socket.gethostname()}-{os.getpid()}-{index}"}
-            children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options), slot))
+        run = uuid.uuid4().hex[:12]  # slots of this run only: a new run starts with its flags (worker_slot)
+        self.slots = [f"{socket.gethostname()}-{run}-{index}" for index in range(options["data_parallel_size"])]
+        for slot in self.slots:  # a slot each: a restart in it resumes its model
+            children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options),
+                                                  {**env, "TESSERA_WORKER_SLOT": slot}))
         children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
         host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
         base_url = f"http://{host}:{options['port']}"
