@@ -78,14 +78,22 @@ class ServingEnv:
 
 
 def json_list(environ, name: str, default: tuple[str, ...] = ("*",)) -> tuple[str, ...]:
-    """The JSON list of strings in ``environ[name]`` (vLLM's form of ``--allowed-origins``), or ``default``.
+    """:func:`parse_json_list` of ``environ[name]`` (vLLM's form of ``--allowed-origins``), or ``default`` when
+    it is unset or empty.
 
     Raises:
         ValueError: the variable is not a JSON list of strings (the message names it).
     """
     raw = environ.get(name)
-    if not raw:
-        return default
+    return parse_json_list(raw, name) if raw else default
+
+
+def parse_json_list(raw: str, name: str) -> tuple[str, ...]:
+    """The strings of the JSON list ``raw``.
+
+    Raises:
+        ValueError: ``raw`` is not a JSON list of strings (the message names ``name``).
+    """
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as error:

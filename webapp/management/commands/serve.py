@@ -25,7 +25,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
-from webapp.env import json_list
+from webapp.env import ServingEnv, parse_json_list
 from webapp.serving import worker_slot
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
 
@@ -50,9 +50,7 @@ def json_string_list(text: str) -> str:
     """argparse type of the CORS flags: a JSON list of strings, as vLLM takes them; passed on as that JSON
     (``TESSERA_ALLOWED_*``, read by :func:`webapp.env.json_list`)."""
     try:
-        if not text.strip():
-            raise ValueError("empty")
-        json_list({"flag": text}, "flag")
+        parse_json_list(text, "flag")  # an empty value too: it is not "allow all"
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. '[\"*\"]', got {text!r}") from None
     return text
@@ -61,13 +59,24 @@ def json_string_list(text: str) -> str:
 def origin_list(text: str) -> str:
     """argparse type of ``--allowed-origins``: a JSON list whose items are ``*``, ``null`` or
     ``scheme://host[:port]`` (no path: a browser's Origin header never has one)."""
-    for origin in json_list({"flag": json_string_list(text)}, "flag"):
+    for origin in parse_json_list(json_string_list(text), "flag"):
         parts = urlsplit(origin)
         if origin not in ("*", "null") and not (parts.scheme and parts.netloc and not parts.path
                                                 and not parts.query and not parts.fragment):
             raise argparse.ArgumentTypeError(f"{origin!r} is not an origin: use scheme://host[:port], "
                                              f"e.g. https://app.example.com, or \"*\"")
     return text
+
+
+def deployment_env(options: dict) -> dict[str, str]:
+    """The keys and CORS settings given as flags, as the web processes read them (``webapp.env``); a flag not
+    given leaves the environment's own value (a deployment's settings) in place."""
+    values = {"TESSERA_API_KEY": options["api_key"], "TESSERA_KEY_ONLY": "1" if options["key_only"] else None,
+              "TESSERA_ALLOWED_ORIGINS": options["allowed_origins"],
+              "TESSERA_ALLOWED_METHODS": options["allowed_methods"],
+              "TESSERA_ALLOWED_HEADERS": options["allowed_headers"],
+              "TESSERA_ALLOW_CREDENTIALS": "1" if options["allow_credentials"] else None}
+    return {name: value for name, value in values.items() if value}
 
 
 class Command(BaseCommand):
@@ -129,8 +138,9 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(str(error)) from None
         options["tenant_specs"] = tenant_specs
-        origins = options["allowed_origins"] or os.environ.get("TESSERA_ALLOWED_ORIGINS") or '["*"]'
-        if options["allow_credentials"] and "*" in json_list({"o": origins}, "o"):
+        options["deployment_env"] = deployment_env(options)
+        web = ServingEnv.from_environ({**os.environ, **options["deployment_env"]})  # as the web processes read it
+        if web.allow_credentials and "*" in web.allowed_origins:
             self.stderr.write("Warning: --allow-credentials with every origin allowed lets any website send requests "
                               "with the user's cookies and read the answers; list the origins (--allowed-origins).")
         children: list[launcher.Child] = []
@@ -164,14 +174,7 @@ class Command(BaseCommand):
         env = launcher.child_env(
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
-            # a flag wins; without it, what the environment already says (a deployment's settings) stays
-            TESSERA_API_KEY=options["api_key"] or os.environ.get("TESSERA_API_KEY"),
-            TESSERA_KEY_ONLY="1" if options["key_only"] else os.environ.get("TESSERA_KEY_ONLY"),
-            TESSERA_LOG_LEVEL=options["log_level"].upper(),
-            TESSERA_ALLOWED_ORIGINS=options["allowed_origins"] or os.environ.get("TESSERA_ALLOWED_ORIGINS"),
-            TESSERA_ALLOWED_METHODS=options["allowed_methods"] or os.environ.get("TESSERA_ALLOWED_METHODS"),
-            TESSERA_ALLOWED_HEADERS=options["allowed_headers"] or os.environ.get("TESSERA_ALLOWED_HEADERS"),
-            TESSERA_ALLOW_CREDENTIALS="1" if options["allow_credentials"] else os.environ.get("TESSERA_ALLOW_CREDENTIALS"),
+            TESSERA_LOG_LEVEL=options["log_level"].upper(), **options["deployment_env"],
             OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
         run = uuid.uuid4().hex[:12]  # slots of this run only: a new run starts with its flags (worker_slot)
         self.slots = [f"{socket.gethostname()}-{run}-{index}" for index in range(options["data_parallel_size"])]
