@@ -4,7 +4,10 @@ W2 (Qwen2.5-0.5B: 14 query heads, 2 KV heads, head size 64) decodes up to 256 re
 run from 100 to 2,048 tokens; each (request, KV head) program reads little, so the split count and the
 inner tile decide how well the SMs are used. Contexts are drawn uniform in ``--context-range`` (seeded),
 block tables shuffled. Every config is checked against the default launch's output, then timed by CUDA
-graph replay (``triton.testing.do_bench_cudagraph``); K/V bytes read give the bandwidth.
+graph replay (``triton.testing.do_bench_cudagraph``); K/V bytes read give the bandwidth. Also timed at the
+default launch: the merge kernel's query heads per program (``reduce_heads``), and other cache layouts
+(``--block-sizes``; ``--layouts head``: each block stored ``[Hk, block_size, D]``, so that one head's keys of
+a block are contiguous, read through the same kernel by its strides).
 
     python benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b --batch-sizes 256 128 --output-json OUT.json
 """
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quant_kernels import model_config  # noqa: E402
 
 BLOCK = 16
+REDUCE_HEADS = (1, 2, 4, 8, 16)
 
 
 # (splits, keys per iteration, warps, stages): the full grid, and the neighbourhood of the defaults
@@ -32,22 +36,61 @@ GRIDS = {"full": ((1, 2, 4, 8, 16), (32, 64, 128), (2, 4), (2, 3)),
          "quick": ((2, 4, 8), (64, 128), (4,), (2, 3))}
 
 
-def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, grid: str) -> dict:
-    import triton
-
-    from inference.attention.triton_decode import choose_num_splits, decode_launch, paged_decode_attention
+def paged_inputs(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, block: int = BLOCK,
+                 layout: str = "token"):
+    """Seeded contexts, a shuffled block table and random cache and queries: ``(q, cache, table, seq_lens)``;
+    with ``layout="head"`` the cache is stored ``[2, blocks, Hk, block, D]`` and returned as its permuted view."""
     g = torch.Generator().manual_seed(batch)
     lens = torch.randint(lo, hi + 1, (batch,), generator=g)
-    needed = [-(-int(n) // BLOCK) for n in lens]
+    needed = [-(-int(n) // block) for n in lens]
     ids = torch.randperm(sum(needed), generator=g).int()
-    table = torch.zeros(batch, max_seq_len // BLOCK, dtype=torch.int32)
+    table = torch.zeros(batch, max_seq_len // block, dtype=torch.int32)
     start = 0
     for i, n in enumerate(needed):
         table[i, :n] = ids[start:start + n]
         start += n
-    table, seq_lens = table.cuda(), lens.int().cuda()
-    cache = torch.randn(2, sum(needed), BLOCK, hk, d, dtype=torch.bfloat16, device="cuda")
+    if layout == "head":
+        cache = torch.randn(2, sum(needed), hk, block, d, dtype=torch.bfloat16, device="cuda").permute(0, 1, 3, 2, 4)
+    else:
+        cache = torch.randn(2, sum(needed), block, hk, d, dtype=torch.bfloat16, device="cuda")
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    return q, cache, table.cuda(), lens.int().cuda()
+
+
+def bench_layouts(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, block_sizes,
+                  layouts) -> list[dict]:
+    """The default launch over each (block size, layout) cache, and over each merge-kernel head count."""
+    import triton
+
+    from inference.attention.triton_decode import choose_num_splits, paged_decode_attention
+    rows = []
+    for block, layout in itertools.product(block_sizes, layouts):
+        q, cache, table, seq_lens = paged_inputs(batch, lo, hi, hq, hk, d, max_seq_len, block, layout)
+        nbytes = 2 * int(seq_lens.sum()) * hk * d * 2
+        splits = choose_num_splits(batch, hk, max_seq_len, q.device)
+        ref = paged_decode_attention(q, cache.contiguous(), table, seq_lens, d ** -0.5, max_seq_len=max_seq_len,
+                                     launch={"reduce_heads": 1})
+        for heads in REDUCE_HEADS if (block, layout) == (BLOCK, "token") else (None,):
+            out = torch.empty_like(q)
+
+            def call(heads=heads, out=out):
+                return paged_decode_attention(q, cache, table, seq_lens, d ** -0.5, out=out, max_seq_len=max_seq_len,
+                                              launch={"reduce_heads": heads} if heads else None)
+            err = (call().float() - ref.float()).abs().max().item()
+            ms = triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median")
+            rows.append(dict(block_size=block, layout=layout, splits=splits, reduce_heads=heads, us=ms * 1000,
+                             GBps=nbytes / ms / 1e6, max_abs_err=err))
+            print(f"batch {batch} block {block} layout {layout} splits {splits} reduce_heads {heads}: "
+                  f"{ms * 1000:.1f} us {nbytes / ms / 1e6:.0f} GB/s (error {err:.2g})", flush=True)
+    return rows
+
+
+def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, grid: str) -> dict:
+    import triton
+
+    from inference.attention.triton_decode import choose_num_splits, decode_launch, paged_decode_attention
+    q, cache, table, seq_lens = paged_inputs(batch, lo, hi, hq, hk, d, max_seq_len)
+    lens = seq_lens.cpu()
     scale = d ** -0.5
     nbytes = 2 * int(lens.sum()) * hk * d * 2
     default_splits = choose_num_splits(batch, hk, max_seq_len, q.device)
@@ -86,7 +129,11 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[256, 128])
     parser.add_argument("--context-range", nargs=2, type=int, default=[100, 2000])
     parser.add_argument("--max-seq-len", type=int, default=2048, help="the engine's bound (max_model_len)")
-    parser.add_argument("--grid", choices=sorted(GRIDS), default="full")
+    parser.add_argument("--grid", choices=sorted(GRIDS) + ["none"], default="full",
+                        help="the split kernel's launch grid ('none': only the layouts and merge-kernel timings)")
+    parser.add_argument("--block-sizes", nargs="+", type=int, default=[BLOCK], help="cache block sizes to time")
+    parser.add_argument("--layouts", nargs="+", choices=["token", "head"], default=["token"],
+                        help="token: blocks [block, Hk, D] (the engine's); head: [Hk, block, D]")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -99,7 +146,10 @@ def main() -> None:
     started = time.time()
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "model": args.model, "hq": hq, "hk": hk, "head_dim": d,
-              "batches": [bench_batch(b, *args.context_range, hq, hk, d, args.max_seq_len, args.grid) for b in args.batch_sizes]}
+              "batches": [bench_batch(b, *args.context_range, hq, hk, d, args.max_seq_len, args.grid)
+                          for b in args.batch_sizes] if args.grid != "none" else [],
+              "layouts": {str(b): bench_layouts(b, *args.context_range, hq, hk, d, args.max_seq_len, args.block_sizes,
+                                                args.layouts) for b in args.batch_sizes}}
     result["seconds"] = time.time() - started
     write_result(result, args.output_json, "decode_sweep.json")
 

@@ -36,7 +36,7 @@ def _configs(T: int) -> dict:
             for w in ((4, 8) if bm * bn >= 128 * 64 else (4,))}
 
 
-def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
+def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], blas_libraries=(), triton_grid: bool = True) -> dict:
     from inference.quantization.triton_fp8_gemm import splitk_gemm
     copies = max(1, min(64, math.ceil(ROTATE_BYTES / (2 * K * N))))
     g = torch.Generator(device="cuda").manual_seed(K * 7 + N)
@@ -48,7 +48,15 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
         ref = x.float() @ weights[0].float().t()
         ms = _graph_ms([lambda w=w: F.linear(x, w) for w in weights])
         row = {"cublas": {"ms": ms, "weight_GBps": 2 * K * N / ms / 1e6}}
-        for kname, config in _configs(T).items():
+        default_library = torch.backends.cuda.preferred_blas_library()
+        for library in blas_libraries:  # the same F.linear through another BLAS front end
+            torch.backends.cuda.preferred_blas_library(library)
+            try:
+                ms = _graph_ms([lambda w=w: F.linear(x, w) for w in weights])
+                row[f"blas_{library}"] = {"ms": ms, "weight_GBps": 2 * K * N / ms / 1e6}
+            finally:
+                torch.backends.cuda.preferred_blas_library(default_library)
+        for kname, config in (_configs(T) if triton_grid else {}).items():
             try:
                 err = _rel_err(splitk_gemm(x, weights[0], config, counters=counters), ref)
                 ms = _graph_ms([lambda w=w, c=config: splitk_gemm(x, w, c, counters=counters) for w in weights])
@@ -60,7 +68,8 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int]) -> dict:
         best = min(tried, key=lambda k: tried[k]["ms"]) if tried else None
         row["best_triton"] = best
         result["rows"][str(T)] = row
-        print(f"{name:>8} T={T:4d}: cublas {row['cublas']['ms'] * 1000:7.1f} us "
+        others = "".join(f" {k} {v['ms'] * 1000:.1f} us" for k, v in row.items() if k.startswith("blas_"))
+        print(f"{name:>8} T={T:4d}: cublas {row['cublas']['ms'] * 1000:7.1f} us{others} "
               f"({row['cublas']['weight_GBps']:5.0f} GB/s)  best {best} "
               f"{tried[best]['ms'] * 1000 if best else float('nan'):7.1f} us", flush=True)
     return result
@@ -70,6 +79,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", help="its config gives the shapes; weights are random")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 128, 256])
+    parser.add_argument("--blas-libraries", nargs="*", default=[], choices=["cublas", "cublaslt"],
+                        help="also time F.linear with torch.backends.cuda.preferred_blas_library set to each")
+    parser.add_argument("--no-triton", action="store_true", help="skip the Triton split-K grid")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -79,7 +91,8 @@ def main() -> None:
     shapes = linear_shapes(model_config(args.model))
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "model": args.model,
-              "shapes": {name: bench_shape(name, K, N, args.batch_sizes) for name, (K, N) in shapes.items()}}
+              "shapes": {name: bench_shape(name, K, N, args.batch_sizes, args.blas_libraries, not args.no_triton)
+                         for name, (K, N) in shapes.items()}}
     write_result(result, args.output_json, "gemm_sweep.json")
 
 

@@ -31,6 +31,11 @@
 #   w3-split8 W3 with 8 programs per SM (the default from session 6; session 5's W3 ran with 2)
 #   gpu-kernels   the attention, layer and FP8 GEMM kernel tests and the Triton-backend engine test on the GPU
 #   kernels-s12   kernels.py's fused rotary + KV store case
+#   w2-n8-old     w2-n8 on the code copied into .old/ (git archive of the commit to compare against)
+#   decode-layouts  the decode attention at 256/128/32/16 rows over block sizes 16/32/64, token- and head-major
+#                 blocks, and the merge kernel's heads per program
+#   gemm-blas     W2's GEMMs through cuBLAS and cuBLASLt (torch's preferred_blas_library), 16-256 rows
+#   gpu-s14       the decode kernel, argmax and window-graph tests on the GPU
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
 #   decode-sweep  the decode attention's splits / keys per iteration / warps / stages at W2's shape (256, 128 rows)
 #   gemm-sweep    W2's bf16 GEMMs: cuBLAS against the Triton split-K GEMM's grid at 64-256 rows
@@ -165,6 +170,17 @@ for step in "$@"; do
   gpu-kernels) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
       tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_fp8.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py ;;
+  w2-n8-old) (cd .old && OUT=$OUT run_step w2-n8-old 150 python3 benchmarks/throughput.py --load-format dummy \
+      --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 \
+      --max-model-len 2048 --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8_old.json") ;;
+  decode-layouts) run_step decode-layouts 240 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
+      --batch-sizes 256 128 32 16 --grid none --block-sizes 16 32 64 --layouts token head \
+      --output-json "$OUT/decode_layouts.json" ;;
+  gemm-blas) run_step gemm-blas 200 python3 benchmarks/gemm_sweep.py --model .gpucache/qwen2.5-0.5b --no-triton \
+      --blas-libraries cublas cublaslt --batch-sizes 16 64 128 256 --output-json "$OUT/gemm_blas.json" ;;
+  gpu-s14) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-s14 300 python3 -m pytest -q -p no:cacheprovider \
+      tests/inference/test_triton_kernels.py -k decode tests/inference/test_triton_argmax.py \
+      tests/inference/test_window_graph.py ;;
   kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;
   decode-quick) run_step decode-quick 120 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \

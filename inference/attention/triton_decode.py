@@ -119,27 +119,49 @@ def _decode_reduce_kernel(
     out_ptr,        # [B, Hq, D] model dtype, any strides
     stride_ob, stride_oh, stride_od,
     num_heads, head_dim,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # Program (request b, query head hq): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    # Program (request b, query heads j*BLOCK_H ..): out = sum_s w_s * o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
     b = tl.program_id(0)
-    hq = tl.program_id(1)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    row = (b.to(tl.int64) * num_heads + hq) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
+    h_mask = offs_h < num_heads
+    hs_mask = h_mask[:, None] & (offs_s[None, :] < NUM_SPLITS)
+    row = (b.to(tl.int64) * num_heads + offs_h[:, None]) * NUM_SPLITS + offs_s[None, :]  # [BLOCK_H, BLOCK_S]
+    lse = tl.load(part_lse_ptr + row, mask=hs_mask, other=float("-inf"))
+    lse_max = tl.max(lse, 1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all slices empty: weights all 0
-    w = tl.exp2(lse - lse_max)
-    parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
-                    mask=(offs_s[:, None] < NUM_SPLITS) & (offs_d[None, :] < head_dim), other=0.0)
-    total = tl.sum(w, 0)
-    result = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    dst = out_ptr + b.to(tl.int64) * stride_ob + hq * stride_oh + offs_d * stride_od
-    tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
+    w = tl.exp2(lse - lse_max[:, None])
+    parts = tl.load(part_out_ptr + row[:, :, None] * BLOCK_D + offs_d[None, None, :],
+                    mask=hs_mask[:, :, None] & (offs_d[None, None, :] < head_dim), other=0.0)
+    total = tl.sum(w, 1)
+    result = tl.sum(parts * w[:, :, None], 1) / tl.where(total > 0, total, 1.0)[:, None]
+    dst = out_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :] * stride_od
+    tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & (offs_d[None, :] < head_dim))
 
 
 _NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # interpreter: any small number exercises the split path
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+def reduce_heads(batch_size: int, num_heads: int, device: torch.device) -> int:
+    """Query heads per program of the merge kernel: as many as keep ``2 * SMs`` programs busy (a power of
+    two, at most ``next_power_of_2(num_heads)``). One head per program left 256-request W2 steps with 3,584
+    programs of 256 elements each."""
+    wanted = 2 * _num_sms(device)
+    block_h = triton.next_power_of_2(num_heads)
+    while block_h > 1 and batch_size * triton.cdiv(num_heads, block_h) < wanted:
+        block_h //= 2
+    return block_h
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -148,13 +170,7 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
     A power of two (each count is a separate compiled kernel), at most 64, and no slice shorter
     than ``_MIN_SPLIT_TOKENS`` tokens. Host-only arithmetic, no synchronisation.
     """
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in _NUM_SMS:
-            _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        num_sms = _NUM_SMS[index]
-    else:
-        num_sms = 8  # interpreter: any small number exercises the split path
+    num_sms = _num_sms(device)
     programs = max(batch_size * num_kv_heads, 1)
     wanted = triton.next_power_of_2(math.ceil(PROGRAMS_PER_SM * num_sms / programs))
     longest = triton.next_power_of_2(math.ceil(max(max_seq_len, 1) / _MIN_SPLIT_TOKENS))
@@ -179,7 +195,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
             so that no device-to-host copy is needed.
         num_splits: slices per request; default from :func:`choose_num_splits`.
         launch: the split kernel's ``block_n`` (keys per iteration), ``num_warps`` and ``num_stages``, each
-            defaulting to :func:`decode_launch` (a benchmark knob, ``benchmarks/decode_sweep.py``).
+            defaulting to :func:`decode_launch`, and the merge kernel's ``reduce_heads`` (query heads per
+            program, default :func:`reduce_heads`): benchmark knobs, ``benchmarks/decode_sweep.py``.
     Returns:
         ``[B, Hq, D]``, dtype of ``q``; softmax and accumulation in float32.
     Raises:
@@ -220,9 +237,10 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:
-        _decode_reduce_kernel[(batch_size, num_heads)](
+        block_h = launch.get("reduce_heads") or reduce_heads(batch_size, num_heads, q.device)
+        _decode_reduce_kernel[(batch_size, triton.cdiv(num_heads, block_h))](
             part_out, part_lse, out, *out.stride(), num_heads, head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
             num_warps=4,
         )
     return out

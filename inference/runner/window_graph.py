@@ -9,8 +9,9 @@ and the host fell behind: over 32 windows the H200 was busy 68% of the time, wit
 Here the ``N`` steps of a full-length window of greedy requests are captured once per batch bucket:
 step ``k + 1``'s positions, sequence lengths, slots and input tokens are computed in the graph from
 step ``k``'s, exactly as :func:`.multi_step.next_decode_inputs` computes them, and the greedy argmax
-writes each step's tokens into a persistent ``[B, N]`` buffer. A window is then the decode graph's
-input copies and one replay. Padding rows of the bucket keep sequence length 0 and slot -1 (they
+(the Triton one of :mod:`inference.sampling.triton_argmax`: in a graph its two launches cost no host
+time) writes each step's tokens into a persistent ``[B, N]`` buffer. A window is then the decode
+graph's input copies and one replay. Padding rows of the bucket keep sequence length 0 and slot -1 (they
 store nothing and read nothing), their positions start at 0.
 
 Windows of other lengths (cut near ``max_model_len``), sampled (non-greedy) or logit-processed
@@ -45,6 +46,8 @@ class DecodeWindowGraphs:
         self.num_steps = num_steps
         self.tokens = torch.zeros(graphs.max_batch, num_steps, dtype=torch.long, device=graphs.input_ids.device)
         self.windows: dict[int, torch.cuda.CUDAGraph] = {}
+        from ..sampling.triton_argmax import greedy_argmax  # Triton: imported only where windows are built
+        self.argmax = greedy_argmax
 
     def _advance(self, size: int, live: torch.Tensor, ones: torch.Tensor, step: int) -> None:
         # The next step's inputs, in place: next_decode_inputs on the graph's buffers. Padding rows stay
@@ -67,7 +70,7 @@ class DecodeWindowGraphs:
             if step:
                 self._advance(size, live, ones, step)
             hidden = g.model(g.input_ids[:size], g.positions[:size], g.kv_caches, meta)
-            self.tokens[:size, step] = self.compute_logits(hidden).argmax(dim=-1)
+            self.argmax(self.compute_logits(hidden), out=self.tokens[:size, step])
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -125,6 +125,19 @@ def test_paged_decode_splits_agree():
     assert not torch.isnan(many).any()
 
 
+def test_paged_decode_merge_heads_per_program_agree():
+    """The merge kernel's query heads per program (9 heads: partial groups masked) change nothing."""
+    seq_lens, block_size = [300, 40, 0, 129], 16
+    table = _block_tables(seq_lens, block_size, num_blocks=40)
+    cache = _paged_cache(40, block_size, 3, 64, torch.float32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(4, 9, 64, device=DEVICE)
+    outs = [paged_decode_attention(q, cache, table, lens, 0.125, num_splits=4, launch={"reduce_heads": h})
+            for h in (1, 4, 16)]
+    torch.testing.assert_close(outs[0], paged_decode_attention_ref(q, cache, table, lens, 0.125), atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 # --- Prefill (mixed with decode rows) -----------------------------------------------------------
 
 PREFILL_CASES = [
