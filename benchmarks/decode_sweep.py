@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quant_kernels import model_config  # noqa: E402
 
 BLOCK = 16
-REDUCE_HEADS = (1, 2, 4, 8, 16)
+REDUCE_HEADS = (None, 1, 4, 8, 16)  # None: the default (reduce_heads)
 
 
 # (splits, keys per iteration, warps, stages): the full grid, and the neighbourhood of the defaults

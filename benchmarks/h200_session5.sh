@@ -35,6 +35,7 @@
 #   decode-layouts  the decode attention at 256/128/32/16 rows over block sizes 16/32/64, token- and head-major
 #                 blocks, and the merge kernel's heads per program
 #   gemm-blas     W2's GEMMs through cuBLAS and cuBLASLt (torch's preferred_blas_library), 16-256 rows
+#   w2-n8-norope  w2-n8 with the rotary kernel on decode steps (--no-rope-in-decode-kernel)
 #   gpu-s14       the decode kernel, argmax and window-graph tests on the GPU
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
 #   decode-sweep  the decode attention's splits / keys per iteration / warps / stages at W2's shape (256, 128 rows)
@@ -173,6 +174,10 @@ for step in "$@"; do
   w2-n8-old) (cd .old && OUT=$OUT run_step w2-n8-old 150 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 \
       --max-model-len 2048 --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8_old.json") ;;
+  w2-n8-norope) run_step w2-n8-norope 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
+      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --num-scheduler-steps 8 --no-rope-in-decode-kernel \
+      --output-json "$OUT/w2_n8_norope.json" ;;
   decode-layouts) run_step decode-layouts 240 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
       --batch-sizes 256 128 32 16 --grid none --block-sizes 16 32 64 --layouts token head \
       --output-json "$OUT/decode_layouts.json" ;;
