@@ -70,8 +70,8 @@ def _decode_split_kernel(
 ):
     # Program (request b, kv head h, slice s): query heads h*G .. h*G+G-1 over keys [start, end).
     # ROPE: q and the new key arrive unrotated. Each program rotates q (as the rotary kernel would, rounded
-    # once to the model dtype); the program whose slice holds the new token (context index seq_len - 1) takes
-    # that row's key and value from registers instead of the cache, and writes them to the cache slot.
+    # once to the model dtype); the program whose slice holds the new token (context index seq_len - 1) reads
+    # the cache up to it, then adds the new key and value from registers, and writes them to the cache slot.
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -105,12 +105,14 @@ def _decode_split_kernel(
                  + tl.load(new_k_row + partner * stride_nkd, mask=d_mask, other=0.0).to(tl.float32) * sin).to(dtype)
         new_v = tl.load(new_v_ptr + b.to(tl.int64) * stride_nvb + h * stride_nvh + offs_d * stride_nvd,
                         mask=d_mask, other=0.0)
-        if (last >= start) & (last < end):
+        has_new = (last >= start) & (last < end)
+        if has_new:
             slot = tl.load(slot_ptr + b)
             if slot >= 0:
                 dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + h * stride_ch
                 tl.store(k_cache_ptr + dst + offs_d * stride_cd, new_k, mask=d_mask)
                 tl.store(v_cache_ptr + dst + offs_d * stride_cd, new_v, mask=d_mask)
+        end = tl.minimum(end, last)  # the cache loop stops before the new token, which comes after it
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -124,20 +126,25 @@ def _decode_split_kernel(
                   + h * stride_ch + offs_d[None, :] * stride_cd)
         nd_mask = n_mask[:, None] & (offs_d[None, :] < head_dim)
         k = tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0)
-        if ROPE:
-            k = tl.where((pos == last)[:, None], new_k[None, :], k)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
-        if ROPE:
-            v = tl.where((pos == last)[:, None], new_v[None, :], v)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
+    if ROPE:
+        if has_new:  # the new token's key and value, from registers: one more online-softmax step
+            new_scores = tl.sum(q.to(tl.float32) * new_k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_G]
+            m_new = tl.maximum(m_i, new_scores)
+            p = tl.exp2(new_scores - m_new)
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None] + p.to(new_v.dtype).to(tl.float32)[:, None] * new_v.to(tl.float32)[None, :]
+            l_i = l_i * alpha + p
+            m_i = m_new
     # An empty slice (or a zero-length padding request) leaves l_i = 0: output zeros, lse = -inf.
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     result = acc / safe_l[:, None]

@@ -138,7 +138,8 @@ def test_paged_decode_merge_heads_per_program_agree():
     outs = [paged_decode_attention(q, cache, table, lens, 0.125, num_splits=4, launch={"reduce_heads": h})
             for h in (1, 4, 16)]
     torch.testing.assert_close(outs[0], paged_decode_attention_ref(q, cache, table, lens, 0.125), atol=1e-5, rtol=1e-5)
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    for other in outs[1:]:  # the same sums (on a GPU, maybe in another order)
+        torch.testing.assert_close(other, outs[0], atol=1e-6, rtol=1e-6)
 
 
 ROPE_DECODE_CASES = [
