@@ -185,7 +185,7 @@ for step in "$@"; do
       --blas-libraries cublas cublaslt --batch-sizes 16 64 128 256 --output-json "$OUT/gemm_blas.json" ;;
   gpu-s14) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-s14 300 python3 -m pytest -q -p no:cacheprovider \
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
-      tests/inference/test_triton_backend_engine.py -k "decode or argmax or window or sampled or capture or engine" ;;
+      tests/inference/test_triton_backend_engine.py -k "decode or argmax or window or sampled or capture or transformers" ;;
   kernels-s12) run_step kernels-s12 120 python3 benchmarks/kernels.py --only rotary_store \
       --out "$OUT/kernels_s12.json" ;;
   decode-quick) run_step decode-quick 120 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
