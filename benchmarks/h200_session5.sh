@@ -35,8 +35,7 @@
 #   decode-layouts  the decode attention at 256/128/32/16 rows over block sizes 16/32/64, token- and head-major
 #                 blocks, and the merge kernel's heads per program
 #   gemm-blas     W2's GEMMs through cuBLAS and cuBLASLt (torch's preferred_blas_library), 16-256 rows
-#   w2-n8-prof-norope, w2-small-prof-norope: those profiles with --no-rope-in-decode-kernel
-#   w2-n8-norope  w2-n8 with the rotary kernel on decode steps (--no-rope-in-decode-kernel)
+#   (session 14's -norope steps ran W2 with --no-rope-in-decode-kernel, on branch wip/rope-in-decode)
 #   gpu-s14       the decode kernel, argmax and window-graph tests on the GPU
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
 #   decode-sweep  the decode attention's splits / keys per iteration / warps / stages at W2's shape (256, 128 rows)
@@ -79,7 +78,6 @@ run_step() {  # NAME LIMIT_S COMMAND...: one step, its log in $OUT/NAME.log
 }
 
 for step in "$@"; do
-  NOROPE=""; [[ $step == *-norope ]] && NOROPE=--no-rope-in-decode-kernel
   case "$step" in
   tp-small) run_step tp-small 150 python3 benchmarks/tensor_parallel.py --model .gpucache/qwen2.5-0.5b \
       --check-prompts 4 --check-tokens 16 --num-prompts 64 --input-len 256 --output-len 64 \
@@ -141,14 +139,14 @@ for step in "$@"; do
   w2-n8-trace) run_step w2-n8-trace 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-scheduler-steps 8 --step-trace --output-json "$OUT/w2_n8_trace.json" ;;
-  w2-n8-prof|w2-n8-prof-norope) run_step $step 200 python3 benchmarks/throughput.py --load-format dummy \
+  w2-n8-prof) run_step $step 200 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 \
       --max-model-len 2048 --max-num-batched-tokens 16384 --num-scheduler-steps 8 --profile-steps 16 \
-      $NOROPE --output-json "$OUT/${step//-/_}.json" ;;
-  w2-small-prof|w2-small-prof-norope) run_step $step 200 python3 benchmarks/throughput.py --load-format dummy \
+      --output-json "$OUT/${step//-/_}.json" ;;
+  w2-small-prof) run_step $step 200 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-prompts 16 --num-scheduler-steps 8 --profile-steps 12 \
-      $NOROPE --output-json "$OUT/${step//-/_}.json" ;;
+      --output-json "$OUT/${step//-/_}.json" ;;
   w2-n8-phases) run_step w2-n8-phases 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
       --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --num-prompts 256 \
@@ -177,10 +175,6 @@ for step in "$@"; do
   w2-n8-old) (cd .old && OUT=$OUT run_step w2-n8-old 150 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 \
       --max-model-len 2048 --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8_old.json") ;;
-  w2-n8-norope) run_step w2-n8-norope 150 python3 benchmarks/throughput.py --load-format dummy --dtype bfloat16 \
-      --peer none --model .gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 --max-model-len 2048 \
-      --max-num-batched-tokens 16384 --num-scheduler-steps 8 --no-rope-in-decode-kernel \
-      --output-json "$OUT/w2_n8_norope.json" ;;
   decode-layouts) run_step decode-layouts 240 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
       --batch-sizes 256 128 32 16 --grid none --block-sizes 16 32 64 --layouts token head \
       --output-json "$OUT/decode_layouts.json" ;;

@@ -301,14 +301,8 @@ def main() -> None:
                         help="run the workload this many times on the same engine (the first is the result)")
     parser.add_argument("--no-window-graphs", action="store_true",
                         help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
-    parser.add_argument("--no-rope-in-decode-kernel", action="store_true",
-                        help="decode steps rotate q and k in the rotary kernel (which stores K/V), not in the "
-                             "decode attention kernel (models/llama.py ROPE_IN_DECODE_KERNEL)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
-    if args.no_rope_in_decode_kernel:
-        from inference.models import llama
-        llama.ROPE_IN_DECODE_KERNEL = False
     if args.no_window_graphs:
         from inference.runner import window_graph
         window_graph.ENABLED = False

@@ -5,7 +5,7 @@ import importlib.util
 
 import torch
 
-from .metadata import AttentionMetadata, NewTokenRope
+from .metadata import AttentionMetadata
 from .torch_ref import paged_attention as torch_paged_attention
 
 BACKENDS = ("auto", "torch", "triton")
@@ -28,28 +28,15 @@ def resolve_backend(requested: str, device: str) -> str:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, kv_stored: bool = False,
-                    new_token: NewTokenRope | None = None) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, kv_stored: bool = False) -> torch.Tensor:
     """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``).
 
     ``kv_stored``: the caller already wrote ``k`` and ``v`` to the cache (the model's rotary kernel does on
     the Triton backend); the Triton path then skips its store kernel.
-    ``new_token``: a decode-only step on the Triton backend whose ``q`` and keys are not rotated yet: the
-    decode kernel rotates them and stores the keys and values (``k`` and ``v`` are then unused).
-
-    Raises:
-        ValueError: ``new_token`` given for the torch backend or a step that is not decode-only.
     """
-    if new_token is not None and not (meta.backend == "triton" and meta.decode_only):
-        raise ValueError("new_token needs the Triton backend and a decode-only step")
     if meta.backend == "torch":
         return torch_paged_attention(q, k, v, kv_cache, meta, scale)
     from . import triton_ops  # imported only when the Triton backend is in use
-
-    if new_token is not None:
-        return triton_ops.paged_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
-                                                 max_seq_len=meta.max_seq_len, num_splits=meta.num_splits,
-                                                 new_token=new_token)
 
     if not kv_stored:
         triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping)

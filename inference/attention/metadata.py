@@ -2,27 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
-
-
-class NewTokenRope(NamedTuple):
-    """A decode step's new tokens before rotary embedding, for a decode kernel that rotates and stores them.
-
-    Attributes:
-        k, v: ``[B, Hk, D]`` the keys (unrotated) and values, the cache's dtype, any strides.
-        positions: ``[B]`` int64 rotary positions.
-        cos, sin: ``[max_position, D]`` float32 rotate-half tables (``RotaryEmbedding.cos`` / ``.sin``).
-        slot_mapping: ``[B]`` int64 cache slots; negative: not stored (padding rows).
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    slot_mapping: torch.Tensor
 
 
 @dataclass

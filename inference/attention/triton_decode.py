@@ -18,9 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .metadata import NewTokenRope
-from .triton_cache import check_cache_write
-
 _LOG2E = 1.4426950408889634
 # The split kernel's keys per inner iteration (may span several cache blocks), warps and pipeline stages, by
 # head size. Head size 64 (Qwen2.5-0.5B, W2): 128 keys and 2 stages, 47.6 against 51.3 us at 256 requests of
@@ -60,18 +57,10 @@ def _decode_split_kernel(
     stride_cb, stride_cs, stride_ch, stride_cd,
     stride_btb, stride_ob, stride_oh, stride_od,
     group_size, head_dim, block_size,
-    new_k_ptr, new_v_ptr,       # ROPE: [B, Hk, D] the step's keys (not yet rotated) and values, any strides
-    positions_ptr,              # ROPE: [B] int64 rotary position of the new token
-    cos_ptr, sin_ptr,           # ROPE: [max_position, D] float32, row strides stride_cos / stride_sin
-    slot_ptr,                   # ROPE: [B] int64 cache slot of the new token; < 0: not stored
-    stride_nkb, stride_nkh, stride_nkd, stride_nvb, stride_nvh, stride_nvd, stride_cos, stride_sin,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Program (request b, kv head h, slice s): query heads h*G .. h*G+G-1 over keys [start, end).
-    # ROPE: q and the new key arrive unrotated. Each program rotates q (as the rotary kernel would, rounded
-    # once to the model dtype); the program whose slice holds the new token (context index seq_len - 1) reads
-    # the cache up to it, then adds the new key and value from registers, and writes them to the cache slot.
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -85,34 +74,8 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     heads = h * group_size + offs_g
     gd_mask = (offs_g[:, None] < group_size) & (offs_d[None, :] < head_dim)
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=gd_mask, other=0.0)
-    last = seq_len - 1
-    if ROPE:
-        dtype = q_ptr.dtype.element_ty
-        half = head_dim // 2
-        d_mask = offs_d < head_dim
-        # rotate-half: x[d] * cos[d] + sign[d] * x[partner(d)] * sin[d], sign -1 on the first half
-        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
-        token_pos = tl.load(positions_ptr + b)
-        cos = tl.load(cos_ptr + token_pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
-        sin = tl.load(sin_ptr + token_pos * stride_sin + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
-        sin = tl.where(offs_d < half, -sin, sin)
-        q_partner = tl.load(q_rows + partner[None, :] * stride_qd, mask=gd_mask, other=0.0)
-        q = (q.to(tl.float32) * cos[None, :] + q_partner.to(tl.float32) * sin[None, :]).to(dtype)
-        new_k_row = new_k_ptr + b.to(tl.int64) * stride_nkb + h * stride_nkh
-        new_k = (tl.load(new_k_row + offs_d * stride_nkd, mask=d_mask, other=0.0).to(tl.float32) * cos
-                 + tl.load(new_k_row + partner * stride_nkd, mask=d_mask, other=0.0).to(tl.float32) * sin).to(dtype)
-        new_v = tl.load(new_v_ptr + b.to(tl.int64) * stride_nvb + h * stride_nvh + offs_d * stride_nvd,
-                        mask=d_mask, other=0.0)
-        has_new = (last >= start) & (last < end)
-        if has_new:
-            slot = tl.load(slot_ptr + b)
-            if slot >= 0:
-                dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + h * stride_ch
-                tl.store(k_cache_ptr + dst + offs_d * stride_cd, new_k, mask=d_mask)
-                tl.store(v_cache_ptr + dst + offs_d * stride_cd, new_v, mask=d_mask)
-        end = tl.minimum(end, last)  # the cache loop stops before the new token, which comes after it
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=gd_mask, other=0.0)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -136,15 +99,6 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
-    if ROPE:
-        if has_new:  # the new token's key and value, from registers: one more online-softmax step
-            new_scores = tl.sum(q.to(tl.float32) * new_k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_G]
-            m_new = tl.maximum(m_i, new_scores)
-            p = tl.exp2(new_scores - m_new)
-            alpha = tl.exp2(m_i - m_new)
-            acc = acc * alpha[:, None] + p.to(new_v.dtype).to(tl.float32)[:, None] * new_v.to(tl.float32)[None, :]
-            l_i = l_i * alpha + p
-            m_i = m_new
     # An empty slice (or a zero-length padding request) leaves l_i = 0: output zeros, lse = -inf.
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     result = acc / safe_l[:, None]
@@ -190,21 +144,6 @@ def _decode_reduce_kernel(
 _NUM_SMS: dict[int, int] = {}
 
 
-def _check_new_token(new_token: NewTokenRope, q: torch.Tensor, kv_cache: torch.Tensor) -> None:
-    nt = new_token
-    check_cache_write(nt.k, nt.v, kv_cache, nt.slot_mapping)
-    batch_size, _, head_dim = q.shape
-    if nt.k.shape[0] != batch_size or head_dim % 2:
-        raise ValueError(f"new_token.k {tuple(nt.k.shape)} does not fit q {tuple(q.shape)} (D must be even)")
-    if nt.positions.shape != (batch_size,) or nt.positions.dtype != torch.int64:
-        raise ValueError(f"new_token.positions must be [{batch_size}] int64, got {tuple(nt.positions.shape)} "
-                         f"{nt.positions.dtype}")
-    for name, table in (("cos", nt.cos), ("sin", nt.sin)):
-        if table.dim() != 2 or table.shape[1] != head_dim or table.stride(1) != 1 or table.dtype != torch.float32:
-            raise ValueError(f"new_token.{name} must be a float32 [max_position, {head_dim}] table with unit "
-                             f"column stride, got {tuple(table.shape)} {table.dtype}")
-
-
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 8  # interpreter: any small number exercises the split path
@@ -238,13 +177,8 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           launch: dict | None = None, new_token: NewTokenRope | None = None) -> torch.Tensor:
-    """Attention of one new query token per request over its paged context.
-
-    Without ``new_token`` the new token's K/V are already in the cache and ``q`` is rotated. With it, the
-    rotary embedding and the cache store happen here (one launch instead of the rotary kernel's): ``q`` and
-    ``new_token.k`` are unrotated, and the output is the same, bit for bit, as rotating them with
-    ``models.triton_layers.rotary_embedding`` (storing the keys and values), then calling this without it.
+                           launch: dict | None = None) -> torch.Tensor:
+    """Attention of one new query token per request over its paged context (new token's K/V already stored).
 
     Args:
         q: ``[B, Hq, D]`` fp16/bf16/fp32, any strides.
@@ -260,10 +194,6 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         launch: the split kernel's ``block_n`` (keys per iteration), ``num_warps`` and ``num_stages``, each
             defaulting to :func:`decode_launch`, and the merge kernel's ``reduce_heads`` (query heads per
             program, default :func:`reduce_heads`): benchmark knobs, ``benchmarks/decode_sweep.py``.
-        new_token: the step's unrotated keys ``[B, Hk, D]`` and values (any strides), positions ``[B]`` int64,
-            the float32 ``[max_position, D]`` cos/sin tables (``RotaryEmbedding.cos`` / ``.sin``, rotate-half
-            layout) and ``[B]`` int64 cache slots (negative: not stored); each live row's new token must sit
-            at context index ``seq_len - 1``.
     Returns:
         ``[B, Hq, D]``, dtype of ``q``; softmax and accumulation in float32.
     Raises:
@@ -278,8 +208,6 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
                          f"do not match batch size {batch_size}")
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("block_tables and seq_lens must be int32")
-    if new_token is not None:
-        _check_new_token(new_token, q, kv_cache)
     if out is None:
         out = torch.empty_like(q)
     if batch_size == 0:
@@ -297,18 +225,12 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         part_out = part_lse = out  # unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     launch = {**decode_launch(head_dim, kv_cache.element_size()), **(launch or {})}
-    if new_token is not None:
-        nt = new_token
-        rope_args = (nt.k, nt.v, nt.positions, nt.cos, nt.sin, nt.slot_mapping, *nt.k.stride(), *nt.v.stride(),
-                     nt.cos.stride(0), nt.sin.stride(0))
-    else:
-        rope_args = (q, q, seq_lens, q, q, seq_lens) + (0,) * 8  # unread
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
-        group_size, head_dim, block_size, *rope_args,
+        group_size, head_dim, block_size,
         NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=launch["block_n"],
-        BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=new_token is not None,
+        BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:

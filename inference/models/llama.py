@@ -13,16 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import AttentionMetadata, NewTokenRope, paged_attention
+from ..attention import AttentionMetadata, paged_attention
 from ..distributed.process_group import TensorParallelGroup
 from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
 from .parallel_layers import (SINGLE_RANK, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                               RowParallelLinear, VocabParallelEmbedding, parallel_logits)
-
-
-# Decode-only steps on the Triton backend rotate q and k inside the decode attention kernel, which also stores
-# the new keys and values (a benchmark knob: benchmarks/throughput.py --no-rope-in-decode-kernel).
-ROPE_IN_DECODE_KERNEL = True
 
 
 class DecoderAttention(nn.Module):
@@ -58,16 +53,11 @@ class DecoderAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if meta.backend == "triton" and meta.decode_only and ROPE_IN_DECODE_KERNEL:
-            # The decode kernel rotates q and k and stores k and v: no rotary launch.
-            rope = NewTokenRope(k, v, positions, self.rotary.cos, self.rotary.sin, meta.slot_mapping)
-            out = paged_attention(q, k, v, kv_cache, meta, self.scale, new_token=rope)
-        else:
-            # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
-            # kernel: one launch less a layer).
-            fused_store = meta.backend == "triton"
-            q, k = self.rotary(positions, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
-            out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store)
+        # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
+        # kernel: one launch less a layer).
+        fused_store = meta.backend == "triton"
+        q, k = self.rotary(positions, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

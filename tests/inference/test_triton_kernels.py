@@ -16,7 +16,6 @@ from .triton_interpreter import HAS_CUDA  # noqa: E402  (sets TRITON_INTERPRET=1
 
 triton = pytest.importorskip("triton")
 
-from inference.attention import NewTokenRope  # noqa: E402
 from inference.attention.triton_ops import (  # noqa: E402
     paged_decode_attention, paged_decode_attention_ref, paged_prefill_attention, paged_prefill_attention_ref,
     store_kv_cache, store_kv_cache_ref)
@@ -28,8 +27,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Attention tolerances: probabilities are rounded to the model dtype before P @ V (as FlashAttention does).
 ATTN_TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=3e-3, rtol=3e-3),
             torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-ROUNDING_TOL = {torch.float32: dict(atol=1e-6, rtol=1e-6), torch.float16: dict(atol=1e-3, rtol=1e-3),
-                torch.bfloat16: dict(atol=8e-3, rtol=8e-3)}
 gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="GPU-sized shape, too slow for the interpreter")
 
 
@@ -140,60 +137,6 @@ def test_paged_decode_merge_heads_per_program_agree():
     torch.testing.assert_close(outs[0], paged_decode_attention_ref(q, cache, table, lens, 0.125), atol=1e-5, rtol=1e-5)
     for other in outs[1:]:  # the same sums (on a GPU, maybe in another order)
         torch.testing.assert_close(other, outs[0], atol=1e-6, rtol=1e-6)
-
-
-ROPE_DECODE_CASES = [
-    # Hq, Hk, D, block_size, seq_lens (0 = CUDA-graph padding row), num_splits (None = heuristic)
-    (14, 2, 64, 16, [1, 17, 300, 0, 129], None),
-    (9, 3, 96, 32, [64, 2, 0], 3),
-    (8, 8, 128, 16, [40, 130], 1),
-    pytest.param(14, 2, 64, 16, torch.randint(1, 2048, (256,), generator=torch.Generator().manual_seed(2)).tolist(),
-                 None, marks=gpu_only, id="w2-256"),
-]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,seq_lens,num_splits", ROPE_DECODE_CASES)
-def test_decode_with_rope_matches_rotary_kernel_then_decode(dtype, num_heads, num_kv_heads, head_dim, block_size,
-                                                           seq_lens, num_splits):
-    """The decode kernel that rotates q and the new key and stores the new K/V (one launch) gives the rotary
-    kernel's cache and the decode kernel's output (two launches), padding rows untouched."""
-    batch = len(seq_lens)
-    table = _block_tables(seq_lens, block_size, num_blocks=sum(triton.cdiv(n, block_size) for n in seq_lens) + 3)
-    cache = _paged_cache(int(table.max()) + 4, block_size, num_kv_heads, head_dim, dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    positions = (lens.long() - 1).clamp(min=0)
-    slots = torch.stack([_slots(table[i], n - 1, n, block_size)[0] if n else torch.tensor(-1, device=DEVICE)
-                         for i, n in enumerate(seq_lens)])
-    # q, k, v as views of one fused QKV output, as the model produces them
-    qkv = torch.randn(batch, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=DEVICE)
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q, k, v = (t.view(batch, -1, head_dim) for t in (q, k, v))
-    cos, sin = torch.rand(2, 4096, head_dim, device=DEVICE) * 2 - 1
-    fused_cache = cache.clone()
-    fused = paged_decode_attention(q.clone(), fused_cache, table, lens, head_dim ** -0.5, num_splits=num_splits,
-                                   new_token=NewTokenRope(k, v, positions, cos, sin, slots))
-    q2, k2 = triton_layers.rotary_embedding(positions, q.clone(), k.clone(), cos, sin, (v, cache, slots))
-    expected = paged_decode_attention(q2, cache, table, lens, head_dim ** -0.5, num_splits=num_splits)
-    # Equal up to one rounding of the rotated keys (the compiler may contract the rotation's products into
-    # FMAs differently in the two kernels).
-    torch.testing.assert_close(fused_cache, cache, **ROUNDING_TOL[dtype])
-    torch.testing.assert_close(fused, expected, **ATTN_TOL[dtype])
-    padded = lens == 0
-    assert torch.equal(fused[padded], torch.zeros_like(fused[padded]))
-
-
-def test_decode_with_rope_rejects_bad_tables():
-    cache = _paged_cache(4, 16, 2, 64, torch.float32)
-    q, k = torch.randn(1, 4, 64, device=DEVICE), torch.randn(1, 2, 64, device=DEVICE)
-    table, lens = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE), torch.ones(1, dtype=torch.int32, device=DEVICE)
-    zeros = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    with pytest.raises(ValueError, match="new_token.cos must be a float32"):
-        paged_decode_attention(q, cache, table, lens, 0.125, new_token=NewTokenRope(
-            k, k, zeros, torch.ones(8, 32, device=DEVICE), torch.ones(8, 64, device=DEVICE), zeros))
-    with pytest.raises(ValueError, match=r"new_token.positions must be \[1\] int64"):
-        paged_decode_attention(q, cache, table, lens, 0.125, new_token=NewTokenRope(
-            k, k, zeros.int(), torch.ones(8, 64, device=DEVICE), torch.ones(8, 64, device=DEVICE), zeros))
 
 
 # --- Prefill (mixed with decode rows) -----------------------------------------------------------
