@@ -1,4 +1,5 @@
-"""16-bit decode GEMMs: cuBLAS (``F.linear``) against the Triton split-K GEMM over a grid of tiles.
+"""16-bit decode GEMMs: cuBLAS (``F.linear``) against the Triton split-K GEMM over a grid of tiles, and
+(``--blas-libraries``) the same ``F.linear`` through torch's other BLAS front end (cuBLASLt).
 
 At Qwen2.5-0.5B's hidden size (896) a decode step's products are a few microseconds each, and cuBLAS's
 128-wide output tiles leave most of the H200's 132 SMs idle on the thin layers (qkv 1,152 outputs, o and
@@ -79,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", help="its config gives the shapes; weights are random")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 128, 256])
-    parser.add_argument("--blas-libraries", nargs="*", default=[], choices=["cublas", "cublaslt"],
+    parser.add_argument("--blas-libraries", nargs="*", default=[], choices=["cublaslt"],
                         help="also time F.linear with torch.backends.cuda.preferred_blas_library set to each")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton split-K grid")
     parser.add_argument("--output-json", default=None)

@@ -59,7 +59,7 @@
 # peer/ (a copy of ../shared/peer).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TESSERA_CACHE_DIR=/tmp/tessera-cache TESSERA_LOGGING_LEVEL=WARNING
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: some steps run in .old/
 M7=.gpucache/qwen2.5-7b
 W1="--load-format dummy --dtype bfloat16 --peer none --workload peer-w1 --num-prompts 256 --input-len 1024
     --output-len 512 --max-model-len 2048 --max-num-batched-tokens 16384"
@@ -172,14 +172,15 @@ for step in "$@"; do
   gpu-kernels) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-kernels 300 python3 -m pytest -q -p no:cacheprovider tests/inference/test_triton_kernels.py \
       tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_fp8.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py ;;
-  w2-n8-old) (cd .old && OUT=$OUT run_step w2-n8-old 150 python3 benchmarks/throughput.py --load-format dummy \
+  w2-n8-old) [ -d .old ] || { echo "w2-n8-old: no .old/ (git archive the commit to compare into it)"; continue; }
+    (cd .old && run_step w2-n8-old 150 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model ../.gpucache/qwen2.5-0.5b --workload peer-w2 --num-prompts 256 \
       --max-model-len 2048 --max-num-batched-tokens 16384 --num-scheduler-steps 8 --output-json "$OUT/w2_n8_old.json") ;;
   decode-layouts) run_step decode-layouts 240 python3 benchmarks/decode_sweep.py --model .gpucache/qwen2.5-0.5b \
       --batch-sizes 256 128 32 16 --grid none --block-sizes 16 32 64 --layouts token head \
       --output-json "$OUT/decode_layouts.json" ;;
   gemm-blas) run_step gemm-blas 200 python3 benchmarks/gemm_sweep.py --model .gpucache/qwen2.5-0.5b --no-triton \
-      --blas-libraries cublas cublaslt --batch-sizes 16 64 128 256 --output-json "$OUT/gemm_blas.json" ;;
+      --blas-libraries cublaslt --batch-sizes 16 64 128 256 --output-json "$OUT/gemm_blas.json" ;;
   gpu-s14) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-s14 300 python3 -m pytest -q -p no:cacheprovider \
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py -k "decode or argmax or window or sampled or capture or transformers" ;;

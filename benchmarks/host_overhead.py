@@ -13,6 +13,9 @@ CPU time (``time.process_time``), so other load on a shared machine does not inf
                                                                 # (and Python calls per step)
     python benchmarks/host_overhead.py --tag after-persistent   # result file suffix
     python benchmarks/host_overhead.py --num-scheduler-steps 8  # multi-step: compare host_us_per_token
+    python benchmarks/host_overhead.py --output-range 100 1024 --output-kind final_only --num-scheduler-steps 8
+                                                                # W2's output lengths: requests finish
+                                                                # throughout (host_us_per_token_all_steps)
 
 Also reports the Triton backend's input building (``host_batch`` + ``device_inputs``, the H200
 path) for the same decode batch, timed alone on CPU tensors. Writes JSON (figures and the exact
@@ -115,6 +118,8 @@ def main() -> None:
     parser.add_argument("--min-input", type=int, default=100)
     parser.add_argument("--max-input", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=96)
+    parser.add_argument("--output-range", nargs=2, type=int, default=None, metavar=("LO", "HI"),
+                        help="each request's max_tokens uniform in [LO, HI] instead of --output-len")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many decode steps")
     parser.add_argument("--tag", default="run")
@@ -131,14 +136,15 @@ def main() -> None:
                for _ in range(args.num_prompts)]
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model=str(tiny_model_dir(Path(tmp))), load_format="dummy", dtype="float32", device="cpu",
-                  max_model_len=1024, max_num_seqs=args.num_prompts, max_num_batched_tokens=8192,
+                  max_model_len=2048 if args.output_range else 1024, max_num_seqs=args.num_prompts, max_num_batched_tokens=8192,
                   kv_cache_space=0.25, async_scheduling=args.async_scheduling,
                   num_scheduler_steps=args.num_scheduler_steps)
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
-                            output_kind=RequestOutputKind[args.output_kind.upper()])
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
+    lengths = ([rng.randint(*args.output_range) for _ in prompts] if args.output_range
+               else [args.output_len] * len(prompts))
+    for i, (prompt, length) in enumerate(zip(prompts, lengths)):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=length, ignore_eos=True,
+                                                          output_kind=RequestOutputKind[args.output_kind.upper()]))
     texts: dict[str, str] = {}  # every output, so that runs with different step sizes compare
 
     counted = [engine.generation_tokens_total]
@@ -158,6 +164,7 @@ def main() -> None:
     timers = phase_timers(engine)
     profiler = cProfile.Profile() if args.profile else None
     steps, num_profiled = [], 0
+    all_host, all_tokens = 0.0, 0  # every decode step, also those where requests finish
     forward_before, phases_before, phase_sums = 0.0, dict(timers.seconds), dict.fromkeys(timers.seconds, 0.0)
     while engine.has_unfinished_requests():
         full = len(engine.scheduler.running) == args.num_prompts
@@ -171,6 +178,9 @@ def main() -> None:
         if profiled:
             profiler.disable()
         num_tokens = collect(outputs)
+        forward_step = sum(v for k, v in timers.seconds.items() if k.startswith("forward.")) - forward_before
+        if not profiled:
+            all_host, all_tokens = all_host + wall - forward_step, all_tokens + num_tokens
         if full and not profiled and len(engine.scheduler.running) == args.num_prompts:
             forward_now = sum(v for k, v in timers.seconds.items() if k.startswith("forward."))
             steps.append((wall, forward_now - forward_before, num_tokens))
@@ -196,6 +206,8 @@ def main() -> None:
         "median_step_ms": round(1000 * median_wall, 3),
         "median_forward_ms": round(1000 * sorted(f for _, f, _ in steps)[len(steps) // 2], 3),
         "host_ms_per_step": round(1000 * host[len(host) // 2], 3),
+        "host_s_all_steps": round(all_host, 3), "tokens_all_steps": all_tokens,
+        "host_us_per_token_all_steps": round(1e6 * all_host / max(all_tokens, 1), 3),
         "host_ms_per_step_mean": round(1000 * sum(host) / len(host), 3),
         "phase_ms_per_step": {k: round(1000 * v / len(steps), 3) for k, v in phase_sums.items()},
         "triton_inputs_ms": round(triton_ms, 3),

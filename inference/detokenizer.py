@@ -158,16 +158,24 @@ class IncrementalDetokenizer:
             new_token_ids, num_skipped = new_token_ids[:-1], 1
         out: list[str] = []
         stopped = False
-        for token_id in new_token_ids:
-            self._num_output_tokens += 1
-            text = self._append(token_id)
-            if text and self._emit(text, out, final=False):
-                stopped = True  # tokens after the one completing the match are dropped
-                break
+        # Several tokens and no stop strings (a multi-step window, or a FINAL_ONLY output at its finish): one
+        # decode of the window for all of them when their text is whole, else token by token.
+        bulk = None if self._stop or len(new_token_ids) < 2 else self._append_many(new_token_ids)
+        if bulk is not None:
+            self._num_output_tokens += len(new_token_ids) + num_skipped
+            if bulk:
+                out.append(self._runs_text(bulk))  # nothing is left unread or held back
         else:
-            self._num_output_tokens += num_skipped
-            if finished:
-                stopped = self._emit(self._runs_text(self._advance(final=True, at_end=True)), out, final=True)
+            for token_id in new_token_ids:
+                self._num_output_tokens += 1
+                text = self._append(token_id)
+                if text and self._emit(text, out, final=False):
+                    stopped = True  # tokens after the one completing the match are dropped
+                    break
+            else:
+                self._num_output_tokens += num_skipped
+                if finished:
+                    stopped = self._emit(self._runs_text(self._advance(final=True, at_end=True)), out, final=True)
         if stopped:
             self._truncate_to = self._num_output_tokens
         if stopped or finished:
@@ -217,6 +225,25 @@ class IncrementalDetokenizer:
                 return self._special_run(token_id)
         self._ids.append(token_id)
         return self._runs_text(self._advance(final=False))
+
+    def _append_many(self, token_ids: Sequence[int]) -> str | None:
+        """Append ``token_ids`` with one decode of the window and return their text, or return None and
+        change nothing when the token-by-token path must decide: a special token that starts a run of its
+        own, or new text that is empty or holds U+FFFD (a partial character, or invalid bytes, which that
+        path emits at its own pace). Whole text is what the token-by-token path returns over the same
+        tokens: the window's decode minus the text already emitted."""
+        special = self._special_ids
+        if self._skip_special:
+            token_ids = [t for t in token_ids if t not in special]
+        elif self._split_at_special and any(t in special for t in token_ids):
+            return None
+        ids = self._ids + list(token_ids)
+        new_text = self._decode(ids[self._prefix_offset:])
+        delta = new_text[len(self._prefix_text):]
+        if not delta or _REPLACEMENT_CHAR in delta:
+            return None
+        self._init_window(ids)  # a fresh window over the last tokens, all read
+        return delta
 
     def _advance(self, final: bool, at_end: bool = False) -> str:
         """Text that the window's unread tokens add; "" while it ends in a partial character

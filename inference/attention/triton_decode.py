@@ -154,11 +154,14 @@ def _num_sms(device: torch.device) -> int:
 
 
 def reduce_heads(num_heads: int, num_splits: int, block_d: int) -> int:
-    """Query heads per program of the merge kernel: all of a request's (a power of two), up to 8,192 partial
-    elements a program. Against one head per program, W2's merge at 256 / 128 / 16 requests went from 49.2 /
-    29.4 / 8.5 to 48.4 / 27.0 / 8.1 us with the split kernel (``decode_layouts_h200_session14.json``). It
-    depends on the shape only, not on the batch, so it adds no compiled variant mid-run."""
-    return max(1, min(triton.next_power_of_2(num_heads), 8192 // (triton.next_power_of_2(num_splits) * block_d)))
+    """Query heads per program of the merge kernel (a power of two): as many of a request's as fit in 4,096
+    partial elements a program (one head when a head's splits alone exceed that). One head per program left
+    256-request W2 steps with 3,584 programs of 256 elements each. At W2's shape, one sweep
+    (``decode_layouts_h200_session14.json``, split kernel included) gave 49.2 / 29.4 / 8.5 us with one head at
+    256 / 128 / 16 requests, and 48.4 / 27.0 / 8.1 with 16 (4 and 8 heads: 47.1 and 46.1 at 256 requests).
+    It follows the shape and the split count, so it adds no compiled variant beyond those of ``NUM_SPLITS``;
+    4,096 elements keep the 7B shapes near 130 registers a thread at 4 warps (8,192 took 254)."""
+    return max(1, min(triton.next_power_of_2(num_heads), 4096 // (triton.next_power_of_2(num_splits) * block_d)))
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -193,7 +196,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         num_splits: slices per request; default from :func:`choose_num_splits`.
         launch: the split kernel's ``block_n`` (keys per iteration), ``num_warps`` and ``num_stages``, each
             defaulting to :func:`decode_launch`, and the merge kernel's ``reduce_heads`` (query heads per
-            program, default :func:`reduce_heads`): benchmark knobs, ``benchmarks/decode_sweep.py``.
+            program, rounded up to a power of two; default :func:`reduce_heads`): benchmark knobs,
+            ``benchmarks/decode_sweep.py``.
     Returns:
         ``[B, Hq, D]``, dtype of ``q``; softmax and accumulation in float32.
     Raises:
@@ -234,7 +238,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:
-        block_h = launch.get("reduce_heads") or reduce_heads(num_heads, num_splits, block_d)
+        block_h = triton.next_power_of_2(launch.get("reduce_heads") or reduce_heads(num_heads, num_splits, block_d))
         _decode_reduce_kernel[(batch_size, triton.cdiv(num_heads, block_h))](
             part_out, part_lse, out, *out.stride(), num_heads, head_dim,
             NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,

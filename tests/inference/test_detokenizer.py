@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import tracemalloc
 
 import pytest
@@ -13,7 +14,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from inference import detokenizer
-from inference.detokenizer import IncrementalDetokenizer
+from inference.detokenizer import IncrementalDetokenizer, special_token_ids
 
 TEXTS = {
     "english": "The quick brown fox jumps over the lazy dog. It's 3.14 degrees!",
@@ -87,6 +88,32 @@ def test_deltas_concatenate_to_decode(smollm2, name, chunk):
     deltas = stream(det, ids, chunk)
     assert "".join(deltas) == det.output_text == smollm2.decode(ids) == TEXTS[name]
     assert not any("\ufffd" in d for d in deltas)
+
+
+@pytest.mark.parametrize("skip,spaces", [(True, True), (False, False), (False, True)])
+@pytest.mark.parametrize("tokenizer", ["smollm2", "sentencepiece"])
+def test_multi_token_updates_give_the_token_by_token_text(request, tokenizer, skip, spaces):
+    """Several tokens per update (a multi-step window; a FINAL_ONLY output decoded once at its finish) give
+    the text of one token per update, on text and on random ids (invalid bytes, partial characters, special
+    tokens)."""
+    tok = request.getfixturevalue(tokenizer)
+    rng, specials = random.Random(0), sorted(special_token_ids(tok))
+    prompt = encode(tok, "Write something:")
+    for trial in range(30):
+        if trial % 2:
+            ids = [rng.randrange(len(tok)) for _ in range(rng.randint(2, 60))]
+        else:
+            ids = encode(tok, TEXTS[sorted(TEXTS)[trial // 2 % len(TEXTS)]])
+        if trial % 3 == 0:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(specials))
+        make = lambda: IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip,  # noqa: E731
+                                              spaces_between_special_tokens=spaces)
+        expected = "".join(stream(make(), ids, 1))
+        for chunk in (3, 8, len(ids)):
+            det = make()
+            assert "".join(stream(det, ids, chunk)) == det.output_text == expected, (trial, chunk)
+        det = make()
+        assert det.update(ids, finished=True) == (expected, None) and det.output_text == expected
 
 
 def test_partial_character_is_held_until_complete(smollm2):

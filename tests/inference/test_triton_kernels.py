@@ -112,13 +112,17 @@ def test_paged_decode_matches_reference(dtype, num_heads, num_kv_heads, head_dim
     assert torch.equal(out[padded], torch.zeros_like(out[padded]))
 
 
+def _decode_inputs(seq_lens: list[int], num_heads: int, num_kv_heads: int, block_size: int = 16):
+    """float32 ``(q, cache, block_tables, seq_lens)`` for a decode batch, head size 64."""
+    table = _block_tables(seq_lens, block_size, num_blocks=64)
+    cache = _paged_cache(64, block_size, num_kv_heads, 64, torch.float32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    return torch.randn(len(seq_lens), num_heads, 64, device=DEVICE), cache, table, lens
+
+
 def test_paged_decode_splits_agree():
     """The split count changes only rounding: one slice and many slices give the same answer."""
-    seq_lens, block_size = [700, 129, 0, 1], 16
-    table = _block_tables(seq_lens, block_size, num_blocks=64)
-    cache = _paged_cache(64, block_size, 2, 64, torch.float32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(4, 4, 64, device=DEVICE)
+    q, cache, table, lens = _decode_inputs([700, 129, 0, 1], 4, 2)
     one = paged_decode_attention(q, cache, table, lens, 0.125, num_splits=1)
     many = paged_decode_attention(q, cache, table, lens, 0.125, num_splits=5)
     torch.testing.assert_close(one, many, atol=1e-5, rtol=1e-5)
@@ -126,17 +130,26 @@ def test_paged_decode_splits_agree():
 
 
 def test_paged_decode_merge_heads_per_program_agree():
-    """The merge kernel's query heads per program (9 heads: partial groups masked) change nothing."""
-    seq_lens, block_size = [300, 40, 0, 129], 16
-    table = _block_tables(seq_lens, block_size, num_blocks=40)
-    cache = _paged_cache(40, block_size, 3, 64, torch.float32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(4, 9, 64, device=DEVICE)
+    """The merge kernel's query heads per program (9 heads: partial groups masked; 3 rounds up to 4) change
+    nothing, with each head's scores on its own scale (its slices' log-sum-exps far from the others')."""
+    q, cache, table, lens = _decode_inputs([300, 40, 0, 129], 9, 3)
+    q = q * torch.tensor([0.01, 1.0, 30.0] * 3, device=DEVICE)[None, :, None]
     outs = [paged_decode_attention(q, cache, table, lens, 0.125, num_splits=4, launch={"reduce_heads": h})
-            for h in (1, 4, 16)]
+            for h in (1, 3, 16)]
     torch.testing.assert_close(outs[0], paged_decode_attention_ref(q, cache, table, lens, 0.125), atol=1e-5, rtol=1e-5)
     for other in outs[1:]:  # the same sums (on a GPU, maybe in another order)
         torch.testing.assert_close(other, outs[0], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_heads,num_splits,block_d,expected", [
+    (14, 4, 64, 16),    # W2 at 256 requests: every head of a request in one program
+    (28, 2, 128, 16),   # the 7B shapes: two programs a request, 4,096 elements each
+    (28, 8, 128, 4),
+    (64, 64, 256, 1),   # one head's splits exceed 4,096 elements alone
+])
+def test_merge_kernel_heads_per_program(num_heads, num_splits, block_d, expected):
+    from inference.attention.triton_decode import reduce_heads
+    assert reduce_heads(num_heads, num_splits, block_d) == expected
 
 
 # --- Prefill (mixed with decode rows) -----------------------------------------------------------
