@@ -138,11 +138,33 @@ def append_sampled_tokens(request: Request, token_ids: list[int],
     Returns:
         ``(the tokens appended, the finish status or None)``.
     """
-    for count, token_id in enumerate(token_ids, 1):
-        status = append_sampled_token(request, token_id, max_model_len)
-        if status is not None:
-            return token_ids[:count], status
-    return token_ids, None
+    # The same decisions as append_sampled_token token by token, taken over the window at once (host time per
+    # token is what bounds W2's small batches): the length limits first fix the last token, then the first
+    # stop token or EOS before it (counted only from min_tokens on) ends the request earlier.
+    if not token_ids:
+        return token_ids, None
+    params = request.sampling_params
+    num_output = len(request.output_token_ids)
+    count = max(1, min(request.max_tokens - num_output, max_model_len - len(request.all_token_ids)))
+    status = RequestStatus.FINISHED_LENGTH if count <= len(token_ids) else None
+    count = min(count, len(token_ids))
+    eos = () if params.ignore_eos else params.eos_token_ids
+    if eos or params.stop_token_ids:
+        for i in range(max(0, params.min_tokens - num_output - 1), count):
+            token_id = token_ids[i]
+            if token_id in eos:  # before stop_token_ids, as vLLM
+                count, status = i + 1, RequestStatus.FINISHED_STOPPED
+                break
+            if token_id in params.stop_token_ids:
+                request.stop_reason = token_id
+                count, status = i + 1, RequestStatus.FINISHED_STOPPED
+                break
+    appended = token_ids if count == len(token_ids) else token_ids[:count]
+    if request.first_token_time is None:
+        request.first_token_time = time.monotonic()
+    request.output_token_ids.extend(appended)
+    request.all_token_ids.extend(appended)
+    return appended, status
 
 
 def detokenize_sampled_tokens(request: Request, state: SequenceOutputState, token_ids: list[int],
