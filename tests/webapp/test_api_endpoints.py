@@ -28,11 +28,17 @@ def test_health_without_worker_is_503_in_the_error_envelope(tmp_path):
     try:
         status, headers, body = http("GET", web_only.base_url + "/health")
         assert http("HEAD", web_only.base_url + "/health")[0] == 503
+        # /tokenize answers max_model_len, a worker's setting: without a worker it is the generation endpoints'
+        # 503, not a null
+        tokenized = http("POST", web_only.base_url + "/tokenize", {"prompt": "Hi"})
+        icon = http("GET", web_only.base_url + "/favicon.ico")  # browsers ask for it on the admin's pages
     finally:
         web_only.stop()
     assert status == 503 and headers["Content-Type"] == "application/json"
     error = json.loads(body)["error"]
     assert error["code"] == "service_unavailable" and "No engine worker" in error["message"]
+    assert tokenized[0] == 503 and "No worker is serving model" in json.loads(tokenized[2])["error"]["message"]
+    assert icon[0] == 200 and icon[1]["Content-Type"].startswith("image/svg+xml")  # redirected to the static icon
 
 
 def test_tokenize_detokenize_roundtrip(stack):

@@ -154,8 +154,13 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(sta
     assert ok[0] == 200 and json.loads(ok[2])["count"] >= 1000  # long, but within reach: tokenized
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS}, "tools"),  # tool_choice "auto" by default: a tool call could come
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tools"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
     ({"messages": [{"role": "user", "content": "Hi", "name": 5}]}, "messages"),
@@ -164,6 +169,18 @@ def test_chat_fields_vllm_refuses_are_refused(stack, extra, param):
     error = _error(http("POST", stack.base_url + "/v1/chat/completions",
                         {"model": MODEL, "messages": CHAT, "max_tokens": 2, **extra}), 400)
     assert error["param"] == param, error
+
+
+def test_tools_with_tool_choice_none_are_accepted_and_left_out_of_the_prompt(stack):
+    """Agent frameworks send their tools with tool_choice "none" on turns that call none: served as vLLM does
+    with --exclude-tools-when-tool-choice-none (the prompt is the one without tools)."""
+    usage = []
+    for extra in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+        status, _, body = http("POST", stack.base_url + "/v1/chat/completions",
+                               {"model": MODEL, "messages": CHAT, "max_tokens": 1, **extra})
+        assert status == 200, body
+        usage.append(json.loads(body)["usage"]["prompt_tokens"])
+    assert usage[0] == usage[1]
 
 
 def test_chat_continues_the_final_message_without_a_generation_prompt(stack):

@@ -79,6 +79,11 @@ def unavailable(message: str) -> APIError:
     return APIError(message, 503, type="service_unavailable", code="service_unavailable")
 
 
+def no_worker(model: str) -> APIError:
+    """The 503 of a request for a model that no live worker serves."""
+    return unavailable(f"No worker is serving model '{model}' now; retry later.")
+
+
 def handler404(request, exception=None) -> JsonResponse:
     """Unknown URL: an OpenAI-style 404 rather than Django's HTML page."""
     return not_found(f"Not found: {request.path}", code="not_found").response()

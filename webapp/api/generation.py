@@ -22,7 +22,7 @@ from webapp.env import ENV
 from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
 
 from . import formatting
-from .errors import APIError, unavailable
+from .errors import APIError, no_worker, unavailable
 from .protocol import GenerationOptions
 
 
@@ -94,7 +94,7 @@ class Generation:
         """
         workers = await model_workers(self.model, stale=0)
         if not workers:
-            raise unavailable(f"No worker is serving model '{self.model}' now; retry later.")
+            raise no_worker(self.model)
         max_model_len = min(int(w["max_model_len"]) for w in workers)
         if all(w.get("scheduling_policy") == "fcfs" for w in workers):  # a 400 before a stream starts
             try:

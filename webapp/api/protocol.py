@@ -210,8 +210,11 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if chat and body.get("max_completion_tokens", int, None) is not None:
         max_tokens = body.get("max_completion_tokens", int, None)
         field_names["max_tokens"] = "max_completion_tokens"
+    # Tools with tool_choice "none" are sent by agent frameworks that call no tool on this request: accepted and
+    # left out of the prompt (vLLM's --exclude-tools-when-tool-choice-none); any other use of them is refused.
+    no_tool_call = body.data.get("tool_choice") == "none"
     for name in ("tools", "functions"):
-        if body.get(name, list, None):
+        if body.get(name, list, None) and not no_tool_call:
             raise bad_request(f"'{name}' (tool calling) is not supported yet.", param=name)
     if body.get("use_beam_search", bool, False):  # vLLM's extra: refused, not sampled instead
         raise bad_request("'use_beam_search' (beam search) is not supported yet.", param="use_beam_search")

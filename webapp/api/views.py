@@ -20,7 +20,7 @@ from webapp.serving.registry import METRICS_MODELS_KEY, live_workers, model_tota
 from webapp.version import __version__
 
 from .decorators import api_view
-from .errors import APIError, not_found, unavailable
+from .errors import APIError, no_worker, not_found, unavailable
 from .generation import Generation, Prompt
 from .protocol import Body, parse_chat, parse_completion, parse_json_body
 from .served import live_models, resolve_served_model
@@ -150,6 +150,8 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     served = await _tenant_model(caller, body)
     tokenizer = await _tokenizer(served)
     workers = await model_workers(served.name)
+    if not workers:  # its max_model_len is a worker's setting: without one there is no answer to give
+        raise no_worker(served.name)
     max_chars = await _max_chars(served, tokenizer, workers)
     if "messages" in body.data:
         _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
@@ -166,7 +168,7 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
             raise APIError("'prompt' (a string) or 'messages' is required.", 400, param="prompt")
         tokens = await _encode(tokenizer, prompt, max_chars,
                                add_special_tokens=body.get("add_special_tokens", bool, True))
-    result = {"count": len(tokens), "max_model_len": min((w["max_model_len"] for w in workers), default=None),
+    result = {"count": len(tokens), "max_model_len": min(int(w["max_model_len"]) for w in workers),
               "tokens": tokens, "token_strs": None}
     if body.get("return_token_strs", bool, False):
         result["token_strs"] = tokenizer.hf.convert_ids_to_tokens(tokens)
