@@ -231,7 +231,11 @@ class IncrementalDetokenizer:
         change nothing when the token-by-token path must decide: a special token that starts a run of its
         own, or new text that is empty or holds U+FFFD (a partial character, or invalid bytes, which that
         path emits at its own pace). Whole text is what the token-by-token path returns over the same
-        tokens: the window's decode minus the text already emitted."""
+        tokens: the window's decode minus the text already emitted. The next window starts at the last
+        tokens, where the token-by-token path's could start earlier: the text of later updates is the same,
+        except that invalid bytes of a byte-fallback (SentencePiece) vocabulary may then show as another
+        number of U+FFFD (its decoder replaces a whole run of byte pieces at once, and the run starts in the
+        window)."""
         special = self._special_ids
         if self._skip_special:
             token_ids = [t for t in token_ids if t not in special]

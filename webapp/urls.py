@@ -10,7 +10,7 @@ urlpatterns = [
     path("tenants/", include("tenants.urls")),
     path("dashboard/", include("dashboard.urls")),
     # browsers ask for /favicon.ico on pages that name no icon (the admin's)
-    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"))),
     path("", include("webapp.api.urls")),
 ]
 

@@ -154,14 +154,17 @@ def _num_sms(device: torch.device) -> int:
 
 
 def reduce_heads(num_heads: int, num_splits: int, block_d: int) -> int:
-    """Query heads per program of the merge kernel (a power of two): as many of a request's as fit in 4,096
-    partial elements a program (one head when a head's splits alone exceed that). One head per program left
-    256-request W2 steps with 3,584 programs of 256 elements each. At W2's shape, one sweep
-    (``decode_layouts_h200_session14.json``, split kernel included) gave 49.2 / 29.4 / 8.5 us with one head at
-    256 / 128 / 16 requests, and 48.4 / 27.0 / 8.1 with 16 (4 and 8 heads: 47.1 and 46.1 at 256 requests).
-    It follows the shape and the split count, so it adds no compiled variant beyond those of ``NUM_SPLITS``;
-    4,096 elements keep the 7B shapes near 130 registers a thread at 4 warps (8,192 took 254)."""
-    return max(1, min(triton.next_power_of_2(num_heads), 4096 // (triton.next_power_of_2(num_splits) * block_d)))
+    """Query heads per program of the merge kernel (a power of two): as many of a request's as fit in 8,192
+    partial elements a program at head size 64, 4,096 above (one head when a head's splits alone exceed that).
+    One head per program left 256-request W2 steps with 3,584 programs of 256 elements each. At W2's shape, one
+    sweep (``decode_layouts_h200_session14.json``, split kernel included) gave 49.2 / 29.4 / 10.8 / 8.5 us with
+    one head at 256 / 128 / 32 / 16 requests and 48.4 / 27.0 / 10.2 / 8.1 with 16 (at 256 requests 4 and 8
+    heads took 47.1 and 46.1). It follows the shape and the split count, so it adds no compiled variant beyond
+    those of ``NUM_SPLITS``. At head size 128 (the 7B shapes), 8,192 elements took 254 registers a thread at 4
+    warps, 4,096 about half."""
+    max_elements = 8192 if block_d <= 64 else 4096
+    per_head = triton.next_power_of_2(num_splits) * block_d
+    return max(1, min(triton.next_power_of_2(num_heads), max_elements // per_head))
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:

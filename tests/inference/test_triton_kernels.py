@@ -142,7 +142,9 @@ def test_paged_decode_merge_heads_per_program_agree():
 
 
 @pytest.mark.parametrize("num_heads,num_splits,block_d,expected", [
-    (14, 4, 64, 16),    # W2 at 256 requests: every head of a request in one program
+    (14, 4, 64, 16),    # W2: every head of a request in one program
+    (14, 8, 64, 16),
+    (14, 64, 64, 2),
     (28, 2, 128, 16),   # the 7B shapes: two programs a request, 4,096 elements each
     (28, 8, 128, 4),
     (64, 64, 256, 1),   # one head's splits exceed 4,096 elements alone

@@ -161,6 +161,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS}, "tools"),  # tool_choice "auto" by default: a tool call could come
     ({"tools": TOOLS, "tool_choice": "auto"}, "tools"),
+    ({"tools": [5], "tool_choice": "none"}, "tools"),  # still a list of function tools
+    ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "tools"),
+    ({"functions": [{"name": "f"}], "tool_choice": "none"}, "functions"),  # the deprecated form: function_call's
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
     ({"messages": [{"role": "user", "content": "Hi", "name": 5}]}, "messages"),

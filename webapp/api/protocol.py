@@ -212,10 +212,17 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         field_names["max_tokens"] = "max_completion_tokens"
     # Tools with tool_choice "none" are sent by agent frameworks that call no tool on this request: accepted and
     # left out of the prompt (vLLM's --exclude-tools-when-tool-choice-none); any other use of them is refused.
-    no_tool_call = body.data.get("tool_choice") == "none"
-    for name in ("tools", "functions"):
-        if body.get(name, list, None) and not no_tool_call:
-            raise bad_request(f"'{name}' (tool calling) is not supported yet.", param=name)
+    tools = body.get("tools", list, None)
+    if tools and body.data.get("tool_choice") != "none":
+        raise bad_request("'tools' (tool calling) is not supported yet.", param="tools")
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(function, dict) and tool.get("type") == "function"
+                and isinstance(function.get("name"), str)):
+            raise bad_request("Each of 'tools' must be {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                              param="tools")
+    if body.get("functions", list, None):  # OpenAI's deprecated form, governed by function_call
+        raise bad_request("'functions' (tool calling) is not supported yet.", param="functions")
     if body.get("use_beam_search", bool, False):  # vLLM's extra: refused, not sampled instead
         raise bad_request("'use_beam_search' (beam search) is not supported yet.", param="use_beam_search")
     if chat and body.get("echo", bool, False):  # vLLM's chat extra (prepend the last message)
