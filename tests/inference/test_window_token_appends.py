@@ -10,7 +10,7 @@ from inference.request import Request
 from inference.sampling_params import SamplingParams
 
 
-def _request(rng: random.Random, window: list[int]) -> tuple[Request, int]:
+def _request(rng: random.Random) -> tuple[Request, int]:
     max_tokens = rng.randint(1, 12)
     params = SamplingParams(max_tokens=max_tokens, min_tokens=min(max_tokens, rng.choice([0, 0, 2, 5])),
                             ignore_eos=rng.random() < 0.3, stop_token_ids=rng.sample(range(8), rng.randint(0, 2)),
@@ -29,8 +29,8 @@ def test_window_appends_match_token_by_token():
     for _ in range(3000):
         window = [rng.randrange(10) for _ in range(rng.randint(1, 8))]
         seed = rng.random()
-        one, max_model_len = _request(random.Random(seed), window)
-        many, _ = _request(random.Random(seed), window)
+        one, max_model_len = _request(random.Random(seed))
+        many, _ = _request(random.Random(seed))
         expected_status, kept = None, []
         for token in window:
             kept.append(token)
