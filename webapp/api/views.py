@@ -50,10 +50,10 @@ async def _encode(tokenizer: Tokenizer, text: str, max_chars: int | None = None,
     return await asyncio.to_thread(tokenizer.encode, text, **kwargs)
 
 
-async def _max_chars(served, tokenizer: Tokenizer, workers: list[dict] | None = None) -> int | None:
-    """The longest text that could fit the context of the model's live workers (``workers``, read here when
-    not given; None when none is live: the request then fails with its 503 after tokenizing, as before)."""
-    workers = await model_workers(served.name) if workers is None else workers
+async def _max_chars(served, tokenizer: Tokenizer) -> int | None:
+    """The longest text that could fit the context of the model's live workers (None when none is live: the
+    request then fails with its 503 after tokenizing, as before)."""
+    workers = await model_workers(served.name)
     if not workers:
         return None
     return tokenizer.max_text_chars(min(int(w["max_model_len"]) for w in workers))
@@ -152,7 +152,8 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     workers = await model_workers(served.name)
     if not workers:  # its max_model_len is a worker's setting: without one there is no answer to give
         raise no_worker(served.name)
-    max_chars = await _max_chars(served, tokenizer, workers)
+    max_model_len = min(int(w["max_model_len"]) for w in workers)
+    max_chars = tokenizer.max_text_chars(max_model_len)
     if "messages" in body.data:
         _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
         template["add_generation_prompt"] = body.get("add_generation_prompt", bool, True)
@@ -168,7 +169,7 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
             raise APIError("'prompt' (a string) or 'messages' is required.", 400, param="prompt")
         tokens = await _encode(tokenizer, prompt, max_chars,
                                add_special_tokens=body.get("add_special_tokens", bool, True))
-    result = {"count": len(tokens), "max_model_len": min(int(w["max_model_len"]) for w in workers),
+    result = {"count": len(tokens), "max_model_len": max_model_len,
               "tokens": tokens, "token_strs": None}
     if body.get("return_token_strs", bool, False):
         result["token_strs"] = tokenizer.hf.convert_ids_to_tokens(tokens)
