@@ -4,13 +4,11 @@
 # same workload (W1: 256 random-token prompts of 1024 tokens, 512 output tokens each, ignore_eos).
 #
 # Run from the repository root. Carried, git-ignored: .gpuserve (wheels the image lacks, redis-server
-# and its libraries) and .gpucache/qwen2.5-7b (config + tokenizer, no weights: --load-format dummy).
-# Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json, serve.log.
-# Needs 'manage.py serve --load-format' and a web process that reads the tokenizer of a weightless
-# directory (both in /work/notes/h200_serving_load_format.patch); without the flag the serving part is
-# skipped with a message and only the offline figure is measured.
-# Device call: carry [".gpuserve", ".gpucache/qwen2.5-7b"]; command: bash .gpuserve/h200_serving.sh (a copy of
-# /work/notes/h200_serving.sh, since /work/notes does not travel).
+# and its libraries; built by benchmarks/gpuserve_pack.sh) and .gpucache/qwen2.5-7b (config + tokenizer, no
+# weights: --load-format dummy). Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json, serve.log.
+# Device call: carry [".gpuserve", ".gpucache/qwen2.5-7b"]; command (session 15):
+#   BUDGET=560 ENGINE_FLAGS="--load-format dummy --dtype bfloat16 --max-model-len 2048 \
+#     --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4" bash benchmarks/h200_serving.sh
 #
 # Every value can be overridden from the environment (the CPU rehearsal does so): PY, MODEL, SERVED_NAME,
 # ENGINE_FLAGS, OFFLINE_FLAGS, IN_LEN, OUT_LEN, NUM_PROMPTS, CONCURRENCY, WHEELS (0: skip the install),
