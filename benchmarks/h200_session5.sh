@@ -37,6 +37,7 @@
 #   gemm-blas     W2's GEMMs through cuBLAS and cuBLASLt (torch's preferred_blas_library), 16-256 rows
 #   (session 14's -norope steps ran W2 with --no-rope-in-decode-kernel, on branch wip/rope-in-decode)
 #   gpu-s14       the decode kernel, argmax and window-graph tests on the GPU
+#   launch-floor  microseconds a launch of kernels that do nothing, replayed from a CUDA graph (chains of 16, 264)
 #   w2-floor      W2's model (8 scheduler steps) at 1, 16 and 64 requests of 100 in / 1,024 out: the step time
 #                 and roofline fraction when the batch is small (the per-step floor of the kernel chain)
 #   decode-quick  decode-sweep's neighbourhood of the defaults only
@@ -186,6 +187,7 @@ for step in "$@"; do
   gpu-s14) TESSERA_TEST_TOKENIZER=.devcarry/smollm2-tok run_step gpu-s14 300 python3 -m pytest -q -p no:cacheprovider \
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_backend_engine.py -k "decode or argmax or window or sampled or capture or transformers" ;;
+  launch-floor) run_step launch-floor 120 python3 benchmarks/launch_floor.py --output-json "$OUT/launch_floor.json" ;;
   w2-floor) for b in 1 16 64; do run_step w2-floor-$b 120 python3 benchmarks/throughput.py --load-format dummy \
       --dtype bfloat16 --peer none --model .gpucache/qwen2.5-0.5b --num-prompts $b --input-len 100 --output-len 1024 \
       --max-model-len 2048 --num-scheduler-steps 8 --output-json "$OUT/w2_floor_$b.json"; done ;;
