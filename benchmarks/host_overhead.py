@@ -188,6 +188,9 @@ def main() -> None:
                 phase_sums[k] += v - phases_before[k]
         forward_before = sum(v for k, v in timers.seconds.items() if k.startswith("forward."))
         phases_before = dict(timers.seconds)
+    if not steps:
+        sys.exit(f"no full-batch decode step was left to measure: --profile {args.profile} took them all "
+                 "(with --output-range the first requests finish early; profile fewer steps)")
     steps.sort()
     median_wall = steps[len(steps) // 2][0]
     host = sorted(w - f for w, f, _ in steps)
