@@ -36,6 +36,16 @@ def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, briefly: an integer of more than 20 digits in scientific notation
+    (``1.000e+308``), anything else cut to ``limit`` characters."""
+    if _is_integer(value) and len(str(abs(value))) > 20:
+        digits = str(abs(value))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 @dataclass
 class SamplingParams:
     """How to sample the output tokens of one request.
@@ -111,12 +121,16 @@ class SamplingParams:
                 f"output_kind must be RequestOutputKind.DELTA (1) or FINAL_ONLY (2), got {self.output_kind!r}"
                 " (CUMULATIVE is not offered: join the deltas).", param="output_kind")
         self.output_kind = RequestOutputKind(self.output_kind)
+        # NumPy's integers (np.int64) are integers here as Python's are: stored as int, checked as int.
+        for name in INTEGER_FIELDS + OPTIONAL_INTEGER_FIELDS:
+            if _is_integer(getattr(self, name)):
+                setattr(self, name, int(getattr(self, name)))
         if self.logit_bias:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
-            except (TypeError, ValueError):
-                raise InvalidRequestError("logit_bias must map token ids to numbers, got "
-                                          f"{self.logit_bias!r}.", param="logit_bias") from None
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidRequestError("logit_bias must map token ids to numbers (float32), got "
+                                          f"{shown(self.logit_bias)}.", param="logit_bias") from None
         self.verify()
 
     @property
@@ -130,7 +144,7 @@ class SamplingParams:
             InvalidRequestError: naming the first parameter outside its range.
         """
         def bad(param: str, limit: str, value: object) -> None:
-            raise InvalidRequestError(f"{param} must be {limit}, got {value!r}.", param=param)
+            raise InvalidRequestError(f"{param} must be {limit}, got {shown(value)}.", param=param)
 
         for name in INTEGER_FIELDS + OPTIONAL_INTEGER_FIELDS:
             value = getattr(self, name)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .errors import InvalidRequestError
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, shown
 
 
 def validate_text(text: str, param: str) -> None:
@@ -53,7 +53,7 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
     if num_prompt + params.max_tokens > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt + params.max_tokens} tokens ({num_prompt} in the prompt, {params.max_tokens} "
+            f"{shown(num_prompt + params.max_tokens)} tokens ({num_prompt} in the prompt, {shown(params.max_tokens)} "
             f"for the completion, max_tokens). Reduce the prompt or max_tokens.", param="max_tokens")
     return params.max_tokens
 

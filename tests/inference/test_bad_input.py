@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from inference import LLM, InvalidRequestError, ModelLoadError, SamplingParams, UnsupportedArchitectureError
@@ -145,15 +146,25 @@ def test_wrong_types_non_finite_and_out_of_range_values(field, value):
     assert info.value.param == field
 
 
+def test_numpy_integers_count_as_integers_and_huge_values_are_quoted_briefly():
+    params = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), seed=np.uint64(2**64 - 1))
+    assert (params.n, params.max_tokens, params.seed) == (2, 5, 2**64 - 1) and type(params.seed) is int
+    for field, value in (("logit_bias", {5: 10**400}), ("seed", 10**400), ("max_tokens", -(10**400))):
+        with pytest.raises(InvalidRequestError) as info:
+            SamplingParams(**{field: value})
+        assert info.value.param == field and len(str(info.value)) < 200, str(info.value)
+
+
 @pytest.mark.timeout(120)
 def test_huge_seed_in_range_works_and_bad_token_ids_are_refused(engine):
     engine.add_request("big-seed", "Hi", SamplingParams(seed=2**64 - 1, max_tokens=2))
+    engine.add_request("numpy-seed", "Hi", SamplingParams(seed=np.uint64(2**64 - 1), max_tokens=2))
     for param, params in (("logit_bias", SamplingParams(logit_bias={10**7: 5})),
                           ("stop_token_ids", SamplingParams(stop_token_ids=[-5]))):
         with pytest.raises(InvalidRequestError) as info:
             engine.add_request(f"bad-{param}", "Hi", params)
         assert info.value.param == param
-    assert set(_finish_all(engine)) == {"big-seed"}
+    assert set(_finish_all(engine)) == {"big-seed", "numpy-seed"}
 
 
 @pytest.mark.timeout(120)

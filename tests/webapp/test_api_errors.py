@@ -60,6 +60,26 @@ def test_errors_name_the_field_the_client_sent(stack, extra, field):
     assert error["param"] == field and field in error["message"], error
 
 
+@pytest.mark.parametrize("path, field", [
+    ("/v1/completions", "temperature"), ("/v1/chat/completions", "top_p"), ("/v1/completions", "presence_penalty"),
+    ("/v1/chat/completions", "repetition_penalty"), ("/v1/completions", "logit_bias"),
+])
+def test_integers_beyond_a_double_are_a_400_not_a_500(stack, path, field):
+    """JSON integers have no size limit: 10**400 does not fit a float (Python raises OverflowError)."""
+    huge = b"1" + b"0" * 400
+    value = b'{"5": ' + huge + b"}" if field == "logit_bias" else huge
+    prompt = b'"messages": [{"role": "user", "content": "Hi"}]' if "chat" in path else b'"prompt": "Hi"'
+    raw = b"{" + prompt + b', "max_tokens": 1, "' + field.encode() + b'": ' + value + b"}"
+    error = _error(http("POST", stack.base_url + path, raw), 400)
+    assert error["param"] == field and len(error["message"]) < 300, error
+
+
+def test_a_huge_whole_number_max_tokens_is_quoted_briefly(stack):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1e308}
+    error = _error(http("POST", stack.base_url + "/v1/completions", body), 400)
+    assert error["param"] == "max_tokens" and len(error["message"]) < 300, error
+
+
 @pytest.mark.parametrize("path, raw, field", [
     ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 1}', "prompt"),
     ("/v1/completions", b'{"prompt": ["ok", "a\\udfffb"], "max_tokens": 1}', "prompt"),

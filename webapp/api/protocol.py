@@ -99,7 +99,13 @@ class Body:
             expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
             raise bad_request(f"'{self.prefix}{name}' must be {expected}, got {json.dumps(value)[:80]}.",
                               param=self.prefix + name)
-        return float(value) if kinds == (float,) else value
+        if kinds != (float,):
+            return value
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer beyond a double's range (10**400)
+            raise bad_request(f"'{self.prefix}{name}' must be a finite number, got {json.dumps(value)[:80]}.",
+                              param=self.prefix + name) from None
 
 
 def _stop_list(body: Body) -> list[str]:
@@ -129,7 +135,7 @@ def _logit_bias(body: Body) -> dict[int, float] | None:
         return None
     try:
         return {int(k): float(v) for k, v in bias.items()}
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise bad_request("'logit_bias' must map token ids to numbers.", param="logit_bias") from None
 
 
