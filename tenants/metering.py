@@ -55,11 +55,30 @@ class Meter:
     async def admit(self, request_id: str, model: str, prompt_tokens: int) -> None:
         """Take a concurrency slot, a request and ``prompt_tokens`` from the tenant's limits.
 
+        The request ends with the task serving it, whoever ends it: when that task ends before
+        :meth:`finish` (the client left and Django cancelled it before a stream's first chunk, or
+        while this call waited for Redis), the admission is settled as ``aborted`` then, so its
+        slot is not held until its lease expires.
+
         Raises:
             TenantError: 429 when a limit is reached (nothing is taken then).
         """
         self.model = model
-        self.admission = await admit(self.caller.tenant, request_id, prompt_tokens)
+        admitting = asyncio.ensure_future(admit(self.caller.tenant, request_id, prompt_tokens))
+        try:
+            self.admission = await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            admitting.add_done_callback(self._abort_late_admission)
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _task: self.finish(error="aborted"))  # no-op once finished
+
+    def _abort_late_admission(self, admitting: asyncio.Future) -> None:
+        """The admission that Redis granted after its request's task was cancelled: settle it at once."""
+        if not admitting.cancelled() and admitting.exception() is None and admitting.result() is not None:
+            self.admission = admitting.result()
+            self.finish(error="aborted")
 
     def finish(self, prompt_tokens: int = 0, completion_tokens: int = 0, error: str | None = None,
                finish_reasons: Iterable[str | None] = ()) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import json
+import socket
 import time
 from http.client import HTTPConnection
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -80,6 +82,27 @@ def test_concurrent_requests_across_processes_and_aborts_free_the_slot(tenant_we
     # The aborted stream counts what it used: its prompt and the token(s) it delivered, besides
     # the one token of the request that succeeded afterwards.
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] >= 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_clients_that_leave_right_after_sending_free_their_slots(tenant_web, stream):
+    """The client closes the connection as soon as the request is written: Django cancels the view,
+    before the stream's first chunk or while admission waits for Redis; the slot is freed then."""
+    team = make_tenant(max_concurrent_requests=1)
+    body = json.dumps({"model": MODEL, "prompt": "Hello there my friend", "max_tokens": 16, "stream": stream})
+    raw = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"X-Tenant-ID: {team.slug}\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
+    url = urlsplit(tenant_web.base_url)
+    for _ in range(10):
+        with socket.create_connection((url.hostname, url.port)) as client:
+            client.sendall(raw)
+        time.sleep(0.3)
+    headers = {"X-Tenant-ID": team.slug}
+    assert wait_for(lambda: completion(tenant_web.base_url, headers, max_tokens=1)[0] == 200, timeout=30)
+    # Each request that reached the view counts as aborted (one that Django dropped while reading its body,
+    # none); the one after them succeeded.
+    usage = wait_for(lambda: (lambda u: u if u["requests"] - u["errors_aborted"] == 1 else None)(usage_totals(team)))
+    assert usage["requests"] <= 11, usage
 
 
 def test_a_failed_request_frees_its_slot(tenant_web):

@@ -1,6 +1,7 @@
 """``api_view``: method check, tenant identification, and errors always in OpenAI's envelope."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Awaitable, Callable
@@ -48,6 +49,10 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
                     meter = Meter(caller)
                     return await view(request, meter, *args, **kwargs)
                 return await view(request, caller, *args, **kwargs)
+            except asyncio.CancelledError:  # the client left (Django cancels the view): an aborted request
+                if meter is not None:
+                    meter.finish(error="aborted")
+                raise
             except TenantError as error:
                 if metered and meter is None and error.tenant_id is not None:  # refused before a Caller existed
                     recorder.record(error.tenant_id, "", 0, 0, error_kind(error.status), error.key_id)
