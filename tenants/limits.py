@@ -14,6 +14,10 @@ when it ends:
   off, the next requests wait instead. A request is admitted while the bucket is above zero.
 * ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens), started
   from the day's usage records when it does not exist yet (a budget set during the day, a new Redis).
+  It is a hard cap: admission reserves the prompt and the most the request can generate (``n`` times
+  its ``max_tokens`` per prompt); when less than that is left, the request's ``max_tokens`` is capped
+  to what is left (its answers then end with finish reason ``length``), and one that could not get a
+  token per choice is refused. Settling gives back what the request did not use.
 
 Refusals carry the seconds after which a retry can succeed (``Retry-After``), except that of a
 prompt larger than the token limit itself, which no retry can help. Clock: the
@@ -53,7 +57,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 # KEYS: in-flight set, requests bucket, tokens bucket, day counter.
 # ARGV: request id, max concurrent, requests/min, tokens/min, daily budget (0: no limit),
-#       prompt tokens, lease seconds, day TTL. Returns {verdict, seconds to wait}.
+#       prompt tokens, lease seconds, day TTL, completion tokens asked for (all choices), choices.
+# Returns {verdict, seconds to wait} or {'ok', max tokens per choice (-1: uncapped), completion tokens reserved}.
 _ADMIT = _BUCKET + """
 local concurrent, rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local prompt = tonumber(ARGV[6])
@@ -70,7 +75,13 @@ if tpm > 0 then
   tokens_left = bucket(KEYS[3], tpm, now)
   if tokens_left <= 0 then return {'tokens', tostring((1 - tokens_left) * 60 / tpm)} end
 end
-if budget > 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= budget then return {'budget', '0'} end
+local cap, reserved = -1, 0
+if budget > 0 then
+  local wanted, choices = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local left = budget - tonumber(redis.call('GET', KEYS[4]) or '0') - prompt
+  if left < choices then return {'budget', '0'} end
+  if wanted <= left then reserved = wanted else cap = math.floor(left / choices); reserved = cap * choices end
+end
 if concurrent > 0 then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), ARGV[1])
   redis.call('EXPIRE', KEYS[1], ARGV[7])
@@ -78,20 +89,21 @@ end
 if rpm > 0 then store(KEYS[2], requests_left - 1, rpm, now) end
 if tpm > 0 then store(KEYS[3], tokens_left - prompt, tpm, now) end
 if budget > 0 then
-  redis.call('INCRBY', KEYS[4], prompt)
+  redis.call('INCRBY', KEYS[4], prompt + reserved)
   redis.call('EXPIRE', KEYS[4], ARGV[8])
 end
-return {'ok', '0'}
+return {'ok', tostring(cap), tostring(reserved)}
 """
 
 # KEYS: in-flight set, tokens bucket, day counter.
-# ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged, day TTL.
+# ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged to the
+#       bucket, day TTL, tokens used minus charged to the day (the reservation included).
 _SETTLE = _BUCKET + """
 redis.call('ZREM', KEYS[1], ARGV[1])
-local tpm, adjust = tonumber(ARGV[2]), tonumber(ARGV[4])
+local tpm, adjust, day_adjust = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[6])
 if adjust ~= 0 and tpm > 0 then store(KEYS[2], bucket(KEYS[2], tpm, now) - adjust, tpm, now) end
-if adjust ~= 0 and ARGV[3] == '1' then
-  if redis.call('INCRBY', KEYS[3], adjust) < 0 then redis.call('SET', KEYS[3], 0) end
+if day_adjust ~= 0 and ARGV[3] == '1' then
+  if redis.call('INCRBY', KEYS[3], day_adjust) < 0 then redis.call('SET', KEYS[3], 0) end
   redis.call('EXPIRE', KEYS[3], ARGV[5])
 end
 return 1
@@ -119,17 +131,29 @@ def _utc_day(now: dt.datetime) -> str:
 
 @dataclass(frozen=True)
 class Admission:
-    """What admitting one request charged (to be settled when it ends)."""
+    """What admitting one request charged (to be settled when it ends).
+
+    Attributes:
+        charged_tokens: prompt tokens taken from the token bucket and the day's budget.
+        reserved_tokens: completion tokens reserved in the day's budget besides them.
+        max_tokens_cap: the most tokens each choice may generate within the day's budget (None: no cap).
+    """
 
     tenant_id: int
     request_id: str
     limits: Limits
     day: str
     charged_tokens: int
+    reserved_tokens: int = 0
+    max_tokens_cap: int | None = None
 
 
-async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admission | None:
+async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int, completion_tokens: int = 0,
+                choices: int = 1) -> Admission | None:
     """Admit a request of ``prompt_tokens`` against ``tenant``'s limits (None: the tenant has none).
+
+    ``completion_tokens`` is the most its ``choices`` answers (``n`` per prompt) can generate in all; the day's
+    budget reserves them, or caps each answer's ``max_tokens`` (``Admission.max_tokens_cap``) to what it has left.
 
     Raises:
         TenantError: 429 ``rate_limit_exceeded`` (type ``requests`` or ``tokens``) with ``retry_after``;
@@ -140,17 +164,19 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int) -> Admis
     limits = tenant.limits
     if not limits.any:
         return None
-    _check_size(tenant.slug, limits, prompt_tokens)
+    _check_size(tenant.slug, limits, prompt_tokens, max(choices, 1))
     now = dt.datetime.now(dt.timezone.utc)
     day = _utc_day(now)
     if limits.daily_token_budget:
         await _start_day_counter(tenant.id, now, day)
-    verdict, wait = await _script(_ADMIT)(keys=list(_keys(tenant.id, day)), args=[
+    reply = await _script(_ADMIT)(keys=list(_keys(tenant.id, day)), args=[
         request_id, limits.max_concurrent_requests or 0, limits.requests_per_minute or 0,
-        limits.tokens_per_minute or 0, limits.daily_token_budget or 0, prompt_tokens, LEASE_SECONDS, DAY_TTL])
-    verdict = verdict.decode() if isinstance(verdict, bytes) else verdict
+        limits.tokens_per_minute or 0, limits.daily_token_budget or 0, prompt_tokens, LEASE_SECONDS, DAY_TTL,
+        completion_tokens, max(choices, 1)])
+    verdict, wait = reply[0].decode() if isinstance(reply[0], bytes) else reply[0], reply[1]
     if verdict == "ok":
-        return Admission(tenant.id, request_id, limits, day, prompt_tokens)
+        cap, reserved = int(reply[1]), int(reply[2])
+        return Admission(tenant.id, request_id, limits, day, prompt_tokens, reserved, None if cap < 0 else cap)
     seconds = float(wait)
     if verdict == "budget":
         midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -171,13 +197,17 @@ async def _start_day_counter(tenant_id: int, now: dt.datetime, day: str) -> None
     await redis.set(key, used, nx=True, ex=DAY_TTL)
 
 
-def _check_size(slug: str, limits: Limits, prompt_tokens: int) -> None:
-    """Refuse a prompt larger than a token limit's whole capacity: it could never be admitted."""
-    for what, limit in (("tokens per min (TPM)", limits.tokens_per_minute),
-                        ("tokens per UTC day (daily budget)", limits.daily_token_budget)):
-        if limit and prompt_tokens > limit:
+def _check_size(slug: str, limits: Limits, prompt_tokens: int, choices: int) -> None:
+    """Refuse a prompt larger than a token limit's whole capacity (for the day's budget, with a token for each
+    of the ``choices`` answers): it could never be admitted."""
+    answers = f"one generated token for each of {choices} answers" if choices > 1 else "one generated token"
+    for what, limit, needed, of in (
+            ("tokens per min (TPM)", limits.tokens_per_minute, prompt_tokens, "prompt tokens"),
+            ("tokens per UTC day (daily budget)", limits.daily_token_budget, prompt_tokens + choices,
+             f"{prompt_tokens} prompt tokens and {answers}")):
+        if limit and needed > limit:
             raise TenantError(f"Request too large for tenant '{slug}' on {what}: Limit {limit}, Requested "
-                              f"{prompt_tokens} (prompt tokens). The prompt must be shorter than the limit; "
+                              f"{needed} ({of}). The prompt must be shorter than the limit; "
                               "retrying cannot help.", 429, "rate_limit_exceeded", type="tokens")
 
 
@@ -204,4 +234,5 @@ async def settle(admission: Admission, used_tokens: int) -> None:
     limits = admission.limits
     await _script(_SETTLE)(keys=[inflight, tokens, day], args=[
         admission.request_id, limits.tokens_per_minute or 0, 1 if limits.daily_token_budget else 0,
-        used_tokens - admission.charged_tokens, DAY_TTL])
+        used_tokens - admission.charged_tokens, DAY_TTL,
+        used_tokens - admission.charged_tokens - admission.reserved_tokens])

@@ -52,8 +52,14 @@ class Meter:
         self.caller.check_model(model)
         self.model = model
 
-    async def admit(self, request_id: str, model: str, prompt_tokens: int) -> None:
-        """Take a concurrency slot, a request and ``prompt_tokens`` from the tenant's limits.
+    async def admit(self, request_id: str, model: str, prompt_tokens: int, completion_tokens: int = 0,
+                    choices: int = 1) -> int | None:
+        """Take a concurrency slot, a request and ``prompt_tokens`` from the tenant's limits, and reserve in its
+        daily budget the ``completion_tokens`` its ``choices`` answers may generate in all.
+
+        Returns:
+            The most tokens each answer may generate within the tenant's daily budget, where that is fewer
+            than asked for (the caller caps ``max_tokens`` to it); None otherwise.
 
         The request ends with the task serving it, whoever ends it: when that task ends before
         :meth:`finish` (the client left and Django cancelled it before a stream's first chunk, or
@@ -64,7 +70,8 @@ class Meter:
             TenantError: 429 when a limit is reached (nothing is taken then).
         """
         self.model = model
-        admitting = asyncio.ensure_future(admit(self.caller.tenant, request_id, prompt_tokens))
+        admitting = asyncio.ensure_future(admit(self.caller.tenant, request_id, prompt_tokens, completion_tokens,
+                                                choices))
         try:
             self.admission = await asyncio.shield(admitting)
         except asyncio.CancelledError:
@@ -73,6 +80,7 @@ class Meter:
         task = asyncio.current_task()
         if task is not None:
             task.add_done_callback(lambda _task: self.finish(error="aborted"))  # no-op once finished
+        return self.admission.max_tokens_cap if self.admission is not None else None
 
     def _abort_late_admission(self, admitting: asyncio.Future) -> None:
         """The admission that Redis granted after its request's task was cancelled: settle it at once."""

@@ -143,6 +143,25 @@ def test_daily_budget_refuses_until_midnight_utc(tenant_web):
     assert "daily budget" in result[2]["error"]["message"]
 
 
+def test_daily_budget_is_a_hard_cap_on_generated_tokens_too(tenant_web):
+    """n answers of max_tokens each may not run past the budget: their max_tokens is capped to what is left
+    (finish reason length), and once nothing is left the tenant is refused until midnight."""
+    team = make_tenant(daily_token_budget=100)
+    headers = {"X-Tenant-ID": team.slug}
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=16, n=8, ignore_eos=True)
+    assert status == 200, body
+    assert 90 <= body["usage"]["total_tokens"] <= 100, body["usage"]  # 8 x 16 = 128 asked for
+    assert {c["finish_reason"] for c in body["choices"]} == {"length"}
+    results = []
+    while not results or results[-1][0] == 200:
+        results.append(completion(tenant_web.base_url, headers, max_tokens=16, n=2, ignore_eos=True))
+        assert len(results) <= 10, [r[0] for r in results]
+    _rate_limited(results[-1], "tokens")
+    assert "daily budget" in results[-1][2]["error"]["message"]
+    usage = wait_usage(team, 1 + len(results))
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 100, usage
+
+
 def test_daily_budget_counts_the_days_recorded_usage_when_its_counter_is_missing(tenant_web, stack):
     """A budget's day counter that Redis lost (a restart of a private Redis), or that never existed (a
     budget set during the day), starts from the day's usage records, as the dashboard counts."""
@@ -186,7 +205,9 @@ def test_a_prompt_larger_than_a_token_limit_is_refused_without_retry_after(tenan
     error = body["error"]
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens", error
     assert "too large" in error["message"] and what in error["message"], error
-    assert f"Limit 10, Requested {prompt_tokens}" in error["message"], error
+    # The day's budget must also hold the one token the answer generates at least.
+    requested = prompt_tokens + (limit == "daily_token_budget")
+    assert f"Limit 10, Requested {requested} (" in error["message"], error
     assert "retry-after" not in response_headers
     assert completion(tenant_web.base_url, headers, prompt="Hi", max_tokens=1)[0] == 200
     assert wait_usage(team, 2)["errors_rate_limited"] == 1

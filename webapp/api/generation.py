@@ -111,7 +111,13 @@ class Generation:
             specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug,
                                            self.options.priority, self._cache_salt))
         if self.meter is not None:
-            await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts))
+            cap = await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts),
+                                         self.n * sum(spec.params["max_tokens"] for spec in specs),
+                                         self.n * len(specs))
+            if cap is not None:  # what is left of the tenant's daily budget
+                for spec in specs:
+                    spec.params.update(max_tokens=min(spec.params["max_tokens"], cap),
+                                       min_tokens=min(spec.params.get("min_tokens", 0), cap))
         self.stream = GenerationStream(self.model, specs)
         await self.stream.start()
 
