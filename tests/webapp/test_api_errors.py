@@ -114,6 +114,13 @@ def test_n_above_the_limit_names_n_and_the_limit(stack, path, body):
     assert error["param"] == "n" and "128" in error["message"], error
 
 
+@pytest.mark.parametrize("num_prompts, n, field", [(4097, 1, "prompt"), (33, 128, "n")])
+def test_prompts_times_n_over_the_limit_is_a_400_before_any_work(stack, num_prompts, n, field):
+    body = {"model": MODEL, "prompt": ["a"] * num_prompts, "n": n, "max_tokens": 1}
+    error = _error(http("POST", stack.base_url + "/v1/completions", body), 400)
+    assert error["param"] == field and "4096" in error["message"] and str(num_prompts * n) in error["message"]
+
+
 def test_best_of_other_than_n_is_refused_by_sampling_params(stack):
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "n": 2}
     error = _error(http("POST", stack.base_url + "/v1/completions", {**body, "best_of": 3}), 400)

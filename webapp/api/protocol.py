@@ -20,6 +20,9 @@ _MISSING = object()
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's and vLLM's default)
+# Answers one completions request may ask for (prompts x n): each is tokenized and tracked by the web process
+# that serves it, so a body of 50,000 one-letter prompts with n=128 held a process for 30 s (3 GB).
+MAX_COMPLETION_CHOICES = 4096
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs the valid ones into one character
 
 
@@ -332,6 +335,11 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
     else:
         raise bad_request("'prompt' must be a string, an array of strings, an array of token ids, "
                           "or an array of token id arrays.", param="prompt")
+    n = options.sampling["n"]
+    if len(prompts) * n > MAX_COMPLETION_CHOICES:
+        raise bad_request(f"The request asks for {len(prompts)} prompts x n={n} = {len(prompts) * n} answers, more "
+                          f"than the {MAX_COMPLETION_CHOICES} one request may ask for (prompts x n); split the batch.",
+                          param="prompt" if len(prompts) > MAX_COMPLETION_CHOICES else "n")
     if body.get("suffix", str, None):
         raise bad_request("'suffix' is not supported.", param="suffix")
     options.sampling["logprobs"] = body.get("logprobs", int, None)
