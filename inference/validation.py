@@ -38,11 +38,7 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
     if vocab_size is not None:
         if any(t < 0 or t >= vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
-        for param, ids in (("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)):
-            wrong = [t for t in ids if not 0 <= t < vocab_size]
-            if wrong:
-                raise InvalidRequestError(f"{param} token ids must be in [0, {vocab_size}); got {wrong[:5]}.",
-                                          param=param)
+        validate_token_ids(params, vocab_size)
     if num_prompt >= max_model_len:
         raise InvalidRequestError(
             f"The prompt has {num_prompt} tokens, but this model's maximum context length is "
@@ -56,6 +52,19 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
             f"{shown(num_prompt + params.max_tokens)} tokens ({num_prompt} in the prompt, {shown(params.max_tokens)} "
             f"for the completion, max_tokens). Reduce the prompt or max_tokens.", param="max_tokens")
     return params.max_tokens
+
+
+def validate_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Refuse ``logit_bias`` keys and ``stop_token_ids`` outside the vocabulary ``[0, vocab_size)``.
+
+    Raises:
+        InvalidRequestError (param ``logit_bias`` or ``stop_token_ids``): naming up to 5 of the ids.
+    """
+    for param, ids in (("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)):
+        wrong = [t for t in ids if not 0 <= t < vocab_size]
+        if wrong:
+            raise InvalidRequestError(f"{param} token ids must be in [0, {vocab_size}); got {wrong[:5]}.",
+                                      param=param)
 
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's

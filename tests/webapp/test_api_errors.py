@@ -114,6 +114,19 @@ def test_n_above_the_limit_names_n_and_the_limit(stack, path, body):
     assert error["param"] == "n" and "128" in error["message"], error
 
 
+@pytest.mark.parametrize("path, extra, field", [
+    ("/v1/completions", {"logit_bias": {"999999": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"stop_token_ids": [70000]}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [5] * 2040, "max_tokens": None, "min_tokens": 100}, "min_tokens"),
+])
+def test_streamed_requests_get_their_400_before_the_stream(stack, path, extra, field):
+    """Not a 200 whose stream holds an error event: the web process checks what the engine would refuse."""
+    prompt = {"messages": CHAT} if "chat" in path else {"prompt": "Hi"}
+    body = {"model": MODEL, "max_tokens": 2, "stream": True, **prompt, **extra}
+    error = _error(http("POST", stack.base_url + path, body), 400)
+    assert error["param"] == field, error
+
+
 @pytest.mark.parametrize("num_prompts, n, field", [(4097, 1, "prompt"), (33, 128, "n")])
 def test_prompts_times_n_over_the_limit_is_a_400_before_any_work(stack, num_prompts, n, field):
     body = {"model": MODEL, "prompt": ["a"] * num_prompts, "n": n, "max_tokens": 1}

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from redis.exceptions import RedisError
 
 from inference.errors import InvalidRequestError
-from inference.validation import validate_priority, validate_prompt
+from inference.validation import validate_priority, validate_prompt, validate_token_ids
 from tenants.metering import Meter, error_kind
 
 from webapp.env import ENV
@@ -61,8 +61,11 @@ class Generation:
     """
 
     def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt],
-                 meter: Meter | None = None) -> None:
-        """Raises:
+                 meter: Meter | None = None, vocab_size: int | None = None) -> None:
+        """``vocab_size``: the tokenizer's, against which ``logit_bias`` and ``stop_token_ids`` are checked here,
+        so that a streamed request gets its 400 too rather than an error event after a 200.
+
+        Raises:
             APIError: 400 naming a sampling parameter out of range (before any per-choice
                 state is built, so a huge ``n`` costs nothing).
         """
@@ -72,6 +75,11 @@ class Generation:
         self.options = options
         self.prompts = prompts
         self.base_params = options.sampling_params()  # validates every field once
+        if vocab_size is not None:
+            try:
+                validate_token_ids(self.base_params, vocab_size)
+            except InvalidRequestError as error:
+                raise options.api_error(error) from None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.n = options.sampling["n"]
@@ -105,6 +113,10 @@ class Generation:
         for p, prompt in enumerate(self.prompts):
             try:
                 max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
+                if self.base_params.max_tokens is None and self.base_params.min_tokens > max_tokens:
+                    raise InvalidRequestError(f"min_tokens must be at most max_tokens={max_tokens} (what the context "
+                                              f"leaves after the prompt), got {self.base_params.min_tokens}.",
+                                              param="min_tokens")
             except InvalidRequestError as error:
                 raise self.options.api_error(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)

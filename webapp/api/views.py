@@ -87,7 +87,7 @@ async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     _check_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")  # before rendering them
     text = tokenizer.apply_chat_template(messages, **template)
     prompt = Prompt(await _encode(tokenizer, text, max_chars, "messages", add_special_tokens=False), text)
-    return await _respond(Generation(True, served.name, options, [prompt], meter))
+    return await _respond(Generation(True, served.name, options, [prompt], meter, tokenizer.vocab_size))
 
 
 @api_view("POST", metered=True)
@@ -106,7 +106,7 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
             if any(t < 0 or t >= tokenizer.vocab_size for t in p):
                 raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
             tokenized.append(Prompt(list(p), tokenizer.decode(p) if options.echo else ""))
-    return await _respond(Generation(False, served.name, options, tokenized, meter))
+    return await _respond(Generation(False, served.name, options, tokenized, meter, tokenizer.vocab_size))
 
 
 def _model_card(name: str, served, workers: list[dict]) -> dict:
