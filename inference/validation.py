@@ -1,6 +1,8 @@
 """Request checks shared by the engine and the API layer (which checks before enqueueing)."""
 from __future__ import annotations
 
+import numbers
+
 from .errors import InvalidRequestError
 from .sampling_params import SamplingParams, shown
 
@@ -75,8 +77,10 @@ def validate_priority(priority: int, scheduling_policy: str) -> None:
     (as vLLM does).
 
     Raises:
-        InvalidRequestError (param ``"priority"``): naming the policy to enable.
+        InvalidRequestError (param ``"priority"``): not an integer, or naming the policy to enable.
     """
+    if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+        raise InvalidRequestError(f"priority must be an integer, got {shown(priority)}.", param="priority")
     if priority != 0 and scheduling_policy == "fcfs":
         raise InvalidRequestError(f"Got priority {priority}, but priority scheduling is not enabled "
                                   "(scheduling_policy='priority', --scheduling-policy priority).",

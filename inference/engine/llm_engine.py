@@ -144,13 +144,17 @@ class LLMEngine:
                 same salt (one per tenant keeps tenants from hitting, or timing, each other's prompts).
             tenant_id: whose GPU share the request runs on (see :meth:`set_tenant_shares`).
         Raises:
-            InvalidRequestError: a duplicate id, a prompt/params outside the limits, or a priority other
-                than 0 under the ``fcfs`` policy (nothing is queued).
+            InvalidRequestError: a duplicate id, ``params`` not a ``SamplingParams``, a prompt/params outside
+                the limits, a priority that is not an integer, or other than 0 under the ``fcfs`` policy
+                (nothing is queued).
         """
         request_id = request_id if request_id is not None else str(next(self._counter))
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}.", param="params")
         if request_id in self._parents:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use.", param="request_id")
         validate_priority(priority, self.config.scheduler.scheduling_policy)
+        priority = int(priority)  # a NumPy integer too
         if isinstance(prompt, str):
             validate_text(prompt, "prompt")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -203,7 +207,9 @@ class LLMEngine:
 
     def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
         """Abort requests at once: their blocks return to the pool, and (with ``report``) the next
-        ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids are ignored."""
+        ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids (and None) are ignored."""
+        if request_ids is None:
+            return
         for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
             parent = self._parents.pop(request_id, None)
             if parent is None:

@@ -167,6 +167,24 @@ def test_huge_seed_in_range_works_and_bad_token_ids_are_refused(engine):
     assert set(_finish_all(engine)) == {"big-seed", "numpy-seed"}
 
 
+@pytest.mark.timeout(180)
+def test_bad_priority_or_params_queue_nothing_and_the_engine_goes_on():
+    engine = LLMEngine.from_engine_args(EngineArgs(max_model_len=128, kv_cache_space=0.2, max_num_seqs=1,
+                                                   scheduling_policy="priority"))
+    engine.add_request("ok", "Hi", SamplingParams(max_tokens=2), priority=0)
+    for request_id, priority in (("none", None), ("nan", float("nan")), ("text", "1"), ("bool", True)):
+        with pytest.raises(InvalidRequestError) as info:
+            engine.add_request(request_id, "Hi", SamplingParams(max_tokens=2), priority=priority)
+        assert info.value.param == "priority"
+    for params in (None, {"max_tokens": 2}):
+        with pytest.raises(InvalidRequestError) as info:
+            engine.add_request("bad-params", "Hi", params)
+        assert info.value.param == "params"
+    engine.add_request("numpy", "Hi", SamplingParams(max_tokens=2), priority=np.int64(-1))
+    engine.abort_request(None)  # nothing to abort
+    assert set(_finish_all(engine)) == {"ok", "numpy"}
+
+
 @pytest.mark.timeout(120)
 def test_llm_generate_with_one_bad_prompt_queues_nothing():
     llm = LLM(max_model_len=128, kv_cache_space=0.2)
