@@ -170,7 +170,8 @@ class LLMEngine:
         states = {c.request_id: SequenceOutputState(c, self.tokenizer) for c in children}
         self._parents[request_id] = _ParentRequest(
             request_id, text, token_ids, children, states,
-            final_only=params.output_kind is RequestOutputKind.FINAL_ONLY)
+            final_only=params.output_kind is RequestOutputKind.FINAL_ONLY,
+            prompt_logprobs=None if params.prompt_logprobs is None else [None])  # the first token has none
         self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
 
@@ -388,8 +389,6 @@ class LLMEngine:
     def _record_prompt_logprobs(self, parent, req, data) -> None:
         if req.index != 0:
             return
-        if parent.prompt_logprobs is None:
-            parent.prompt_logprobs = [None]
         ids, values, ranks = data
         for row in range(ids.shape[0]):
             parent.prompt_logprobs.append(logprobs_entry(self.tokenizer, ids[row], values[row], int(ranks[row])))

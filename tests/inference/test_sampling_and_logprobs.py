@@ -35,6 +35,12 @@ def test_logprobs_match_transformers(llm, hf_smollm2, test_prompts):
         assert abs(out.prompt_logprobs[pos][prompt[pos]].logprob - ref[pos - 1, prompt[pos]].item()) < 1e-4
 
 
+def test_prompt_logprobs_of_a_one_token_prompt_are_one_none(llm):
+    """As vLLM: an entry per prompt token, None for the first (no context predicts it)."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    assert llm.generate(prompt_token_ids=[[1]], sampling_params=params, use_tqdm=False)[0].prompt_logprobs == [None]
+
+
 @pytest.mark.timeout(300)
 def test_seed_reproducible_alone_and_in_batch(llm, test_prompts):
     seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=24)
