@@ -62,6 +62,8 @@ class Tenant(models.Model):
         return self.slug
 
     def clean(self) -> None:
+        if self.allowed_models in (None, ""):  # the admin's empty box: all models, as its help text says
+            self.allowed_models = []
         if not isinstance(self.allowed_models, list) or not all(
                 isinstance(m, str) and m for m in self.allowed_models):
             raise ValidationError({"allowed_models": "A list of model names (strings), or [] for all models."})
@@ -122,6 +124,10 @@ class ApiKey(models.Model):
         if self.revoked_at is None:
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
+
+    def clean(self) -> None:
+        if self._state.adding and self.expires_at is not None and self.expires_at <= timezone.now():
+            raise ValidationError({"expires_at": "A new key must expire in the future (empty: never expires)."})
 
     def usable(self, now: dt.datetime | None = None) -> bool:
         now = now or timezone.now()

@@ -198,12 +198,15 @@ def test_create_api_key_command_prints_the_secret_once(tenant_web, orm, stack):
                                 env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
         assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
         assert f"Cannot create tenant '{slug}'" in failed.stderr and problem in failed.stderr, failed.stderr
-    for days in ("0", "99999999", "inf", "nan"):  # not a traceback (an overflowing date, NaN)
+    for days in ("0", "1e-300", "3651", "99999999", "inf", "nan"):  # not a traceback (an overflowing date, NaN)
         failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "late-team", "--create-tenant",
                                  "--expires-in-days", days], env=env, capture_output=True, text=True,
                                 cwd=launcher.BASE_DIR)
         assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr
-        assert "--expires-in-days must be a number of days from 0 (excluded) to 36500" in failed.stderr
+        assert "--expires-in-days must be a number of days from 0.000694 (one minute) to 3650" in failed.stderr
+    failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "late-team", "--create-tenant",
+                             "--name", "n" * 101], env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
+    assert failed.returncode != 0 and "--name must be at most 100 characters" in failed.stderr, failed.stderr
     from tenants.models import Tenant
 
     assert not Tenant.objects.filter(slug="late-team").exists()  # refused before anything was created

@@ -117,3 +117,19 @@ def test_admin_issues_a_key_shown_once(tenant_web, people):
     status, _, _ = browser.post("/admin/tenants/apikey/", {"action": "revoke", "_selected_action": str(key.id)})
     assert status == 302
     assert completion(tenant_web.base_url, bearer(secret))[0] == 401
+
+
+def test_admin_refuses_a_key_that_expired_already_and_an_empty_model_box_means_all(tenant_web, people):
+    from tenants.models import ApiKey
+
+    browser = Browser(tenant_web.base_url)
+    browser.login("/admin/login/", people["root"], "root-pw")
+    browser.get("/admin/tenants/apikey/add/")
+    status, _, page = browser.post("/admin/tenants/apikey/add/", {
+        "tenant": str(people["blue"].id), "name": "expired", "expires_at_0": "2020-01-01", "expires_at_1": "00:00:00"})
+    assert status == 200 and "must expire in the future" in page, page[:2000]
+    assert not ApiKey.objects.filter(name="expired").exists()
+    team = make_tenant(allowed_models=["some-model"])
+    team.allowed_models = None  # what the admin's form gives for an empty "Allowed models" box
+    team.full_clean()
+    assert team.allowed_models == [] and team.allows_model("any-model")

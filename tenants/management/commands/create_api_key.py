@@ -11,7 +11,8 @@ from django.utils import timezone
 from tenants.models import ApiKey, Tenant
 
 
-MAX_EXPIRY_DAYS = 36500
+MAX_EXPIRY_DAYS = 3650
+MIN_EXPIRY_DAYS = 1 / 1440  # a key that would expire before it is used is refused
 
 
 class Command(BaseCommand):
@@ -27,9 +28,13 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         slug = options["tenant"]
         days = options["expires_in_days"]
-        if days is not None and not 0 < days <= MAX_EXPIRY_DAYS:  # checked before anything is created (NaN too)
-            raise CommandError(f"--expires-in-days must be a number of days from 0 (excluded) to {MAX_EXPIRY_DAYS} "
-                               f"(100 years; omit it for a key that never expires), got {days}.")
+        if days is not None and not MIN_EXPIRY_DAYS <= days <= MAX_EXPIRY_DAYS:  # before anything is created (NaN too)
+            raise CommandError(f"--expires-in-days must be a number of days from {MIN_EXPIRY_DAYS:.6f} (one minute) "
+                               f"to {MAX_EXPIRY_DAYS} (10 years, as the tenant page's form; omit it for a key that "
+                               f"never expires), got {days}.")
+        max_name = ApiKey._meta.get_field("name").max_length
+        if len(options["name"]) > max_name:
+            raise CommandError(f"--name must be at most {max_name} characters, got {len(options['name'])}.")
         tenant = Tenant.objects.filter(slug=slug).first()
         if tenant is None:
             if not options["create_tenant"]:
