@@ -39,6 +39,8 @@ def test_a_body_over_the_upload_limit_is_a_413_not_a_500(stack):
 @pytest.mark.parametrize("field, value", [
     ("temperature", "hot"), ("max_tokens", 1.5), ("n", True), ("stop", [1, 2]), ("stream", "yes"),
     ("logit_bias", {"x": 1}), ("seed", "1"), ("top_p", 1.5), ("n", 0), ("max_tokens", 0),
+    ("logit_bias", {"5_000": 1}), ("logit_bias", {"\u0665": 1}), ("logit_bias", {" 7 ": 1}),
+    ("logit_bias", {"5": "7"}), ("logit_bias", {"5": True}),
 ])
 def test_wrong_types_and_ranges_name_the_param(stack, field, value):
     body = {"model": MODEL, "messages": CHAT, field: value}
@@ -337,3 +339,9 @@ def test_whole_number_floats_count_as_integers_as_in_vllm(stack):
     error = _error(http("POST", stack.base_url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2.5}),
                    400)
     assert error["param"] == "max_tokens"
+
+
+def test_an_unknown_model_of_20000_characters_is_quoted_briefly(stack):
+    body = {"model": "m" * 20000, "prompt": "Hi", "max_tokens": 1}
+    error = _error(http("POST", stack.base_url + "/v1/completions", body), 404)
+    assert error["param"] == "model" and error["code"] == "model_not_found" and len(error["message"]) < 400

@@ -23,6 +23,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenA
 # Answers one completions request may ask for (prompts x n): each is tokenized and tracked by the web process
 # that serves it, so a body of 50,000 one-letter prompts with n=128 held a process for 30 s (3 GB).
 MAX_COMPLETION_CHOICES = 4096
+_TOKEN_ID_KEY = re.compile("-?[0-9]+")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs the valid ones into one character
 
 
@@ -136,9 +137,14 @@ def _logit_bias(body: Body) -> dict[int, float] | None:
     bias = body.get("logit_bias", dict, None)
     if not bias:
         return None
+    # JSON object keys are strings: token ids written in ASCII digits ("5_000", " 7" or Arabic-Indic digits are
+    # not token ids, though int() takes them); values are JSON numbers (not "7" or true).
+    if not all(_TOKEN_ID_KEY.fullmatch(k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               for k, v in bias.items()):
+        raise bad_request("'logit_bias' must map token ids (strings of digits) to numbers.", param="logit_bias")
     try:
         return {int(k): float(v) for k, v in bias.items()}
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:
         raise bad_request("'logit_bias' must map token ids to numbers.", param="logit_bias") from None
 
 

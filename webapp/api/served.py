@@ -70,4 +70,4 @@ async def resolve_served_model(name: str | None) -> ServedModel:
     entry = await CatalogModel.objects.filter(name=name).afirst()
     if entry is not None:
         return ServedModel(entry.name, entry.source)
-    raise APIError(f"The model `{name}` does not exist.", 404, param="model", code="model_not_found")
+    raise APIError(f"The model `{name[:200]}` does not exist.", 404, param="model", code="model_not_found")

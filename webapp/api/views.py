@@ -61,7 +61,7 @@ async def _max_chars(served, tokenizer: Tokenizer) -> int | None:
 
 def _check_chars(num_chars: int, max_chars: int | None, param: str) -> None:
     if max_chars is not None and num_chars > max_chars:
-        raise APIError(f"The {param} has {num_chars} characters, more than this model's maximum context length "
+        raise APIError(f"The {param} {'have' if param == 'messages' else 'has'} {num_chars} characters, more than this model's maximum context length "
                        f"(max_model_len) can hold in tokens: at most {max_chars} characters are tokenized.", 400,
                        param=param)
 
@@ -130,7 +130,7 @@ async def retrieve_model(request: HttpRequest, caller: Caller, model: str) -> Ht
     the tenant's to use)."""
     live = (await live_models()).get(model)
     if live is None or not caller.tenant.allows_model(model):
-        raise not_found(f"The model '{model}' does not exist or is not served now.", param="model",
+        raise not_found(f"The model '{model[:200]}' does not exist or is not served now.", param="model",
                         code="model_not_found")
     return JsonResponse(_model_card(model, *live))
 
@@ -212,7 +212,8 @@ async def _health(request: HttpRequest) -> HttpResponse:
     if request.method == "HEAD":
         return HttpResponse(status=200 if workers else 503, content_type="application/json")
     if not workers:
-        raise unavailable("No engine worker is live.")
+        raise unavailable("No engine worker with a loaded model is live (a worker without a model does not serve; "
+                          "load one in the admin's Workers page).")
     return JsonResponse({"status": "ok", "num_workers": len(workers)})
 
 
