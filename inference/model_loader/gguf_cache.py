@@ -4,7 +4,10 @@ Layout: ``$TESSERA_CACHE_DIR/gguf/<file stem>-<key>/`` (default root
 ``~/.cache/tessera``), where ``<key>`` is 16 hex digits of a SHA-256 over the GGUF
 file's absolute real path, size in bytes and modification time in nanoseconds, plus
 ``CACHE_FORMAT_VERSION``. Editing or replacing the file therefore changes the key and
-triggers a fresh conversion; old entries are left for the user to delete.
+triggers a fresh conversion. Each entry records its source (``source.json``: path, size,
+modification time); a conversion removes the entries whose source file is gone or has
+changed since (a reinstalled package, a deleted virtualenv), so that copies of a 0.5 GB
+model do not pile up. Entries without ``source.json`` (written before it existed) are left.
 
 A cache hit only stats the GGUF file and the cache entry: it never opens the GGUF
 file nor imports transformers or gguf.
@@ -17,6 +20,7 @@ the first rename wins and the loser discards its copy.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -34,6 +38,7 @@ DEFAULT_CACHE_DIR = "~/.cache/tessera"
 # Bump when the converter's output changes, so that old entries are not reused.
 CACHE_FORMAT_VERSION = 1
 _ENTRY_FILES = ("config.json", "tokenizer_config.json", "model.safetensors")
+_SOURCE_FILE = "source.json"  # the GGUF file an entry was converted from
 # A partial directory this old belongs to a conversion that was killed.
 _STALE_PARTIAL_S = 3600.0
 
@@ -92,10 +97,33 @@ def converted_dir(gguf_path: str | Path) -> Path:
     logger.info("Converting %s into %s (first use; later loads reuse it)", gguf_path, entry)
     try:
         convert_gguf(gguf_path, partial)
+        (partial / _SOURCE_FILE).write_text(json.dumps(_source_identity(Path(gguf_path).resolve())))
         _publish(partial, entry)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    _remove_stale_entries(entry)
     return entry
+
+
+def _source_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _remove_stale_entries(keep: Path) -> None:
+    """Delete the cache entries whose recorded GGUF file no longer exists or has changed since."""
+    for entry in keep.parent.iterdir():
+        if entry == keep or entry.name.startswith(".") or not (entry / _SOURCE_FILE).is_file():
+            continue
+        try:
+            source = json.loads((entry / _SOURCE_FILE).read_text())
+            path = Path(source["path"])
+            stale = not path.is_file() or _source_identity(path) != source
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if stale:
+            logger.info("Removing the cache entry %s: its GGUF file %s is gone or changed", entry, path)
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _publish(partial: Path, entry: Path) -> None:

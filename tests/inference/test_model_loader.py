@@ -8,6 +8,7 @@ llama.cpp's Q/K row permutation for Llama) and must come back unchanged.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -337,3 +338,21 @@ def test_garbage_gguf_is_a_model_load_error(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------ Hugging Face directories
+
+
+def test_a_conversion_removes_entries_whose_gguf_file_is_gone_or_changed(tiny_gguf, tmp_path):
+    """A reinstalled package (same path, new modification time) or a deleted copy leaves no stale 0.5 GB entry."""
+    first = resolve_model(str(tiny_gguf)).model_dir
+    copy = tmp_path / "copy" / "tiny.gguf"
+    copy.parent.mkdir()
+    shutil.copy(tiny_gguf, copy)
+    copied = resolve_model(str(copy)).model_dir
+    legacy = first.parent / "tiny-0000000000000000"  # an entry written before entries recorded their source
+    shutil.copytree(first, legacy)
+    (legacy / "source.json").unlink()
+    copy.unlink()
+    stat = tiny_gguf.stat()
+    os.utime(tiny_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # "reinstalled"
+    second = resolve_model(str(tiny_gguf)).model_dir
+    assert second != first and second.is_dir() and legacy.is_dir()
+    assert not first.exists() and not copied.exists()
