@@ -41,6 +41,11 @@ def test_stats_line_averages_over_the_interval():
     assert logger.line(later, 15.0) == (
         "Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 40.0 tokens/s, Running: 12 reqs, "
         "Waiting: 3 reqs, GPU KV cache usage: 41.2%, Prefix cache hit rate: 75.0%")
+    assert not logger.quiet
+    idle = dict(later, num_running=0, num_waiting=0)
+    for now, quiet in ((20.0, False), (25.0, True), (30.0, True)):  # one idle line at INFO, then DEBUG
+        assert logger.line(idle, now).startswith("Avg prompt throughput: 0.0 tokens/s") and logger.quiet == quiet
+    assert logger.line(dict(idle, generation_tokens_total=260), 35.0) and not logger.quiet
     logger.reset()  # a new engine: its counters start from 0 again, never a negative rate
     assert logger.line({"prompt_tokens_total": 5}, 16.0) is None
 

@@ -141,6 +141,18 @@ def test_bad_tenant_shares_stop_serve_before_it_starts(tmp_path, values, message
     assert "Started" not in done.stdout
 
 
+def test_serving_beyond_loopback_with_the_development_secret_key_warns(tmp_path):
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    env.pop("DJANGO_SECRET_KEY", None)
+    flags = ["--tenant-id", "team1=60%", "--tenant-id", "team2=50%"]  # stops it right after the warning
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        done = subprocess.run([sys.executable, launcher.MANAGE, "serve", "--host", host, "--port",
+                               str(launcher.free_port()), *flags], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=launcher.BASE_DIR)
+        assert done.returncode != 0 and "add up to 110%" in done.stderr, done.stderr
+        assert ("set DJANGO_SECRET_KEY" in done.stderr) == warned, done.stderr
+
+
 def test_busy_port_stops_serve_before_it_loads_anything(tmp_path):
     import socket
 

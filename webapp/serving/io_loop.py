@@ -291,7 +291,7 @@ class WorkerIO(threading.Thread):
         self._next_log = now + LOG_INTERVAL
         line = self._stat_logger.line(info["stats"], now)
         if line is not None:
-            logger.info("%s: %s", info["model"], line)
+            logger.log(logging.DEBUG if self._stat_logger.quiet else logging.INFO, "%s: %s", info["model"], line)
 
     async def _push_counters(self, info: dict[str, Any]) -> None:
         """Add what the counters grew by since the last push to the model's totals (one

@@ -7,7 +7,9 @@ Every ``LOG_INTERVAL`` seconds a worker with a model logs, e.g.::
 
 Throughputs and the prefix-cache hit rate are over the interval since the previous line
 (hit rate = cached tokens / looked-up tokens, 0 when nothing was looked up); the running
-and waiting requests and the KV-cache usage are the engine's at the time of the line.
+and waiting requests and the KV-cache usage are the engine's at the time of the line. As in vLLM,
+an idle engine (no token in the interval, nothing running or waiting) logs one such line at INFO,
+then at DEBUG until it works again (``StatLogger.quiet``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ class StatLogger:
 
     def __init__(self) -> None:
         self._last: tuple[float, dict[str, Any]] | None = None
+        self.quiet = False  # the last line and the one before it were both of an idle engine
+        self._idle = False
 
     def reset(self) -> None:
         """Forget the previous stats (a new engine's counters start from 0)."""
@@ -37,6 +41,9 @@ class StatLogger:
         def grew(name: str) -> float:
             return max(0.0, stats.get(name, 0) - before.get(name, 0))
 
+        idle = not (grew("prompt_tokens_total") or grew("generation_tokens_total") or stats.get("num_running")
+                    or stats.get("num_waiting"))
+        self.quiet, self._idle = idle and self._idle, idle
         queries = grew("prefix_cache_queries_total")
         hit_rate = grew("prefix_cache_hits_total") / queries if queries else 0.0
         return (f"Avg prompt throughput: {grew('prompt_tokens_total') / elapsed:.1f} tokens/s, "

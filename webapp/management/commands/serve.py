@@ -132,6 +132,10 @@ class Command(BaseCommand):
             tenant_specs = [parse_tenant_spec(text) for text in options["tenant_id"]]
         except ValueError as error:
             raise CommandError(str(error)) from None
+        if not os.environ.get("DJANGO_SECRET_KEY") and options["host"] not in ("127.0.0.1", "localhost", "::1"):
+            self.stderr.write(f"WARNING: serving on {options['host']} with Django's public development secret key: "
+                              "set DJANGO_SECRET_KEY (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
+                              ") so that sessions and CSRF tokens cannot be forged.")
         call_command("migrate", interactive=False, verbosity=0)
         try:
             check_total(tenant_specs)
