@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from tests.webapp.serving_stack import MODEL, Stack, http, metric_value, metrics_text, sse_events
 
 
@@ -55,6 +57,19 @@ def test_tokenize_chat_messages_matches_usage(stack):
     count = json.loads(body)["count"]
     reply = stack.openai().chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
     assert reply.usage.prompt_tokens == count
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"continue_final_message": True}, "continue_final_message"),  # with add_generation_prompt's default, true
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+])
+def test_tokenize_refuses_chat_options_as_the_chat_endpoint_does(stack, extra, field):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **extra}
+    for path in ("/tokenize", "/v1/chat/completions"):
+        status, _, raw = http("POST", stack.base_url + path, body)
+        assert status == 400 and json.loads(raw)["error"]["param"] == field, (path, raw)
+    good = {**body, "add_generation_prompt": False} if "continue_final_message" in extra else {**body, "tool_choice": "none"}
+    assert http("POST", stack.base_url + "/tokenize", good)[0] == 200
 
 
 def test_detokenize_rejects_bad_ids(stack):

@@ -155,10 +155,8 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     max_model_len = min(int(w["max_model_len"]) for w in workers)
     max_chars = tokenizer.max_text_chars(max_model_len)
     if "messages" in body.data:
-        _, messages, template = parse_chat(Body({"messages": body.data["messages"]}))
-        template["add_generation_prompt"] = body.get("add_generation_prompt", bool, True)
-        template["continue_final_message"] = body.get("continue_final_message", bool, False)
-        template["chat_template_kwargs"] = body.get("chat_template_kwargs", dict, None)
+        # The chat endpoint's checks and template options, e.g. tools and continue_final_message as there.
+        _, messages, template = parse_chat(Body({k: v for k, v in body.data.items() if k in _CHAT_TOKENIZE_FIELDS}))
         _check_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")
         text = tokenizer.apply_chat_template(messages, **template)
         tokens = await _encode(tokenizer, text, max_chars, "messages",
@@ -174,6 +172,10 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     if body.get("return_token_strs", bool, False):
         result["token_strs"] = tokenizer.hf.convert_ids_to_tokens(tokens)
     return JsonResponse(result)
+
+
+_CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                         "chat_template", "tools", "tool_choice")
 
 
 @api_view("POST")
