@@ -39,7 +39,9 @@ def _is_integer(value: object) -> bool:
 def shown(value: object, limit: int = 60) -> str:
     """``repr(value)`` for an error message, briefly: an integer of more than 20 digits in scientific notation
     (``1.000e+308``), anything else cut to ``limit`` characters."""
-    if _is_integer(value) and len(str(abs(value))) > 20:
+    if _is_integer(value) and abs(value).bit_length() > 66:  # beyond 20 digits
+        if abs(value).bit_length() > 10_000:  # str() refuses integers of more than 4,300 digits
+            return f"an integer of about {int(abs(value).bit_length() * 0.30103)} digits"
         digits = str(abs(value))
         return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
     text = repr(value)

@@ -65,8 +65,8 @@ def validate_token_ids(params: SamplingParams, vocab_size: int) -> None:
     for param, ids in (("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)):
         wrong = [t for t in ids if not 0 <= t < vocab_size]
         if wrong:
-            raise InvalidRequestError(f"{param} token ids must be in [0, {vocab_size}); got {wrong[:5]}.",
-                                      param=param)
+            raise InvalidRequestError(f"{param} token ids must be in [0, {vocab_size}); got "
+                                      f"[{', '.join(shown(t) for t in wrong[:5])}].", param=param)
 
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})  # OpenAI's

@@ -14,10 +14,14 @@ when it ends:
   off, the next requests wait instead. A request is admitted while the bucket is above zero.
 * ``daily_token_budget``: a counter per tenant and UTC day (prompt + completion tokens), started
   from the day's usage records when it does not exist yet (a budget set during the day, a new Redis).
-  It is a hard cap: admission reserves the prompt and the most the request can generate (``n`` times
-  its ``max_tokens`` per prompt); when less than that is left, the request's ``max_tokens`` is capped
-  to what is left (its answers then end with finish reason ``length``), and one that could not get a
-  token per choice is refused. Settling gives back what the request did not use.
+  It is a hard cap: admission counts the prompt and reserves the most the request can generate (``n``
+  times its ``max_tokens`` per prompt) in a per-tenant table of reservations (request id -> tokens,
+  leased like a concurrency slot, so a web process that dies mid-request frees it after
+  ``LEASE_SECONDS``). When less than that is left beside the day's count and the other requests'
+  reservations, the request's ``max_tokens`` is capped to what is left (its answers then end with
+  finish reason ``length``); one that could not get a token per choice is refused: until midnight
+  when the day's count alone leaves no room, for a few seconds when requests in flight hold it.
+  Settling drops the reservation and counts the tokens used.
 
 Refusals carry the seconds after which a retry can succeed (``Retry-After``), except that of a
 prompt larger than the token limit itself, which no retry can help. Clock: the
@@ -55,10 +59,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-# KEYS: in-flight set, requests bucket, tokens bucket, day counter.
+# KEYS: in-flight set, requests bucket, tokens bucket, day counter, reservations' leases (sorted set: request id
+#       by expiry), reservations (hash: request id -> completion tokens).
 # ARGV: request id, max concurrent, requests/min, tokens/min, daily budget (0: no limit),
 #       prompt tokens, lease seconds, day TTL, completion tokens asked for (all choices), choices.
-# Returns {verdict, seconds to wait} or {'ok', max tokens per choice (-1: uncapped), completion tokens reserved}.
+# Returns {verdict, seconds to wait, day's count, reserved by others} or
+#         {'ok', max tokens per choice (-1: uncapped), completion tokens reserved}.
 _ADMIT = _BUCKET + """
 local concurrent, rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local prompt = tonumber(ARGV[6])
@@ -77,9 +83,21 @@ if tpm > 0 then
 end
 local cap, reserved = -1, 0
 if budget > 0 then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+  end
+  local held = 0
+  for _, tokens in ipairs(redis.call('HVALS', KEYS[6])) do held = held + tonumber(tokens) end
   local wanted, choices = tonumber(ARGV[9]), tonumber(ARGV[10])
-  local left = budget - tonumber(redis.call('GET', KEYS[4]) or '0') - prompt
-  if left < choices then return {'budget', '0'} end
+  local counted = tonumber(redis.call('GET', KEYS[4]) or '0')
+  local left = budget - counted - held - prompt
+  if left < choices then
+    local verdict = 'budget'
+    if budget - counted - prompt >= choices then verdict = 'reserved' end
+    return {verdict, '2', tostring(counted), tostring(held)}
+  end
   if wanted <= left then reserved = wanted else cap = math.floor(left / choices); reserved = cap * choices end
 end
 if concurrent > 0 then
@@ -89,21 +107,28 @@ end
 if rpm > 0 then store(KEYS[2], requests_left - 1, rpm, now) end
 if tpm > 0 then store(KEYS[3], tokens_left - prompt, tpm, now) end
 if budget > 0 then
-  redis.call('INCRBY', KEYS[4], prompt + reserved)
+  redis.call('INCRBY', KEYS[4], prompt)
   redis.call('EXPIRE', KEYS[4], ARGV[8])
+  if reserved > 0 then
+    redis.call('ZADD', KEYS[5], now + tonumber(ARGV[7]), ARGV[1])
+    redis.call('HSET', KEYS[6], ARGV[1], reserved)
+    redis.call('EXPIRE', KEYS[5], ARGV[7])
+    redis.call('EXPIRE', KEYS[6], ARGV[7])
+  end
 end
 return {'ok', tostring(cap), tostring(reserved)}
 """
 
-# KEYS: in-flight set, tokens bucket, day counter.
-# ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged to the
-#       bucket, day TTL, tokens used minus charged to the day (the reservation included).
+# KEYS: in-flight set, tokens bucket, day counter, reservations' leases, reservations.
+# ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged, day TTL.
 _SETTLE = _BUCKET + """
 redis.call('ZREM', KEYS[1], ARGV[1])
-local tpm, adjust, day_adjust = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[6])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+local tpm, adjust = tonumber(ARGV[2]), tonumber(ARGV[4])
 if adjust ~= 0 and tpm > 0 then store(KEYS[2], bucket(KEYS[2], tpm, now) - adjust, tpm, now) end
-if day_adjust ~= 0 and ARGV[3] == '1' then
-  if redis.call('INCRBY', KEYS[3], day_adjust) < 0 then redis.call('SET', KEYS[3], 0) end
+if adjust ~= 0 and ARGV[3] == '1' then
+  if redis.call('INCRBY', KEYS[3], adjust) < 0 then redis.call('SET', KEYS[3], 0) end
   redis.call('EXPIRE', KEYS[3], ARGV[5])
 end
 return 1
@@ -120,9 +145,10 @@ def _script(source: str):
     return _scripts[key]
 
 
-def _keys(tenant_id: int, day: str) -> tuple[str, str, str, str]:
+def _keys(tenant_id: int, day: str) -> tuple[str, str, str, str, str, str]:
     base = f"tessera:limits:{tenant_id}"
-    return f"{base}:inflight", f"{base}:requests", f"{base}:tokens", f"{base}:day:{day}"
+    return (f"{base}:inflight", f"{base}:requests", f"{base}:tokens", f"{base}:day:{day}", f"{base}:reserved:leases",
+            f"{base}:reserved")
 
 
 def _utc_day(now: dt.datetime) -> str:
@@ -135,7 +161,6 @@ class Admission:
 
     Attributes:
         charged_tokens: prompt tokens taken from the token bucket and the day's budget.
-        reserved_tokens: completion tokens reserved in the day's budget besides them.
         max_tokens_cap: the most tokens each choice may generate within the day's budget (None: no cap).
     """
 
@@ -144,7 +169,6 @@ class Admission:
     limits: Limits
     day: str
     charged_tokens: int
-    reserved_tokens: int = 0
     max_tokens_cap: int | None = None
 
 
@@ -173,15 +197,20 @@ async def admit(tenant: TenantRef, request_id: str, prompt_tokens: int, completi
         request_id, limits.max_concurrent_requests or 0, limits.requests_per_minute or 0,
         limits.tokens_per_minute or 0, limits.daily_token_budget or 0, prompt_tokens, LEASE_SECONDS, DAY_TTL,
         completion_tokens, max(choices, 1)])
-    verdict, wait = reply[0].decode() if isinstance(reply[0], bytes) else reply[0], reply[1]
+    verdict = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
     if verdict == "ok":
-        cap, reserved = int(reply[1]), int(reply[2])
-        return Admission(tenant.id, request_id, limits, day, prompt_tokens, reserved, None if cap < 0 else cap)
-    seconds = float(wait)
+        cap = int(reply[1])
+        return Admission(tenant.id, request_id, limits, day, prompt_tokens, None if cap < 0 else cap)
+    seconds = float(reply[1])
     if verdict == "budget":
         midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
         seconds = (midnight - now).total_seconds()
-    raise _refusal(tenant.slug, limits, verdict, max(1, math.ceil(seconds)))
+    detail = ""
+    if verdict in ("budget", "reserved"):
+        counted, held = int(reply[2]), int(reply[3])
+        detail = (f" Counted today: {counted} tokens; held by requests in flight: {held}; this request needs "
+                  f"{prompt_tokens} prompt tokens and at least {max(choices, 1)} generated (one per answer).")
+    raise _refusal(tenant.slug, limits, verdict, max(1, math.ceil(seconds)), detail)
 
 
 async def _start_day_counter(tenant_id: int, now: dt.datetime, day: str) -> None:
@@ -207,18 +236,20 @@ def _check_size(slug: str, limits: Limits, prompt_tokens: int, choices: int) -> 
              f"{prompt_tokens} prompt tokens and {answers}")):
         if limit and needed > limit:
             raise TenantError(f"Request too large for tenant '{slug}' on {what}: Limit {limit}, Requested "
-                              f"{needed} ({of}). The prompt must be shorter than the limit; "
+                              f"{needed} ({of}). Shorten the prompt (or lower n) to fit the limit; "
                               "retrying cannot help.", 429, "rate_limit_exceeded", type="tokens")
 
 
-def _refusal(slug: str, limits: Limits, verdict: str, retry_after: int) -> TenantError:
+def _refusal(slug: str, limits: Limits, verdict: str, retry_after: int, detail: str = "") -> TenantError:
     what, limit, kind = {
         "concurrent": ("concurrent requests", limits.max_concurrent_requests, "requests"),
         "requests": ("requests per min (RPM)", limits.requests_per_minute, "requests"),
         "tokens": ("tokens per min (TPM)", limits.tokens_per_minute, "tokens"),
         "budget": ("tokens per UTC day (daily budget)", limits.daily_token_budget, "tokens"),
+        "reserved": ("tokens per UTC day (daily budget), held by requests in flight", limits.daily_token_budget,
+                     "tokens"),
     }[verdict]
-    return TenantError(f"Rate limit reached for tenant '{slug}' on {what}: Limit {limit}. "
+    return TenantError(f"Rate limit reached for tenant '{slug}' on {what}: Limit {limit}.{detail} "
                        f"Please try again in {retry_after}s.", 429, "rate_limit_exceeded", type=kind,
                        retry_after=retry_after)
 
@@ -230,9 +261,8 @@ async def settle(admission: Admission, used_tokens: int) -> None:
     Raises:
         redis.exceptions.RedisError: Redis is unreachable (the lease then expires by itself).
     """
-    inflight, _, tokens, day = _keys(admission.tenant_id, admission.day)
+    inflight, _, tokens, day, leases, reserved = _keys(admission.tenant_id, admission.day)
     limits = admission.limits
-    await _script(_SETTLE)(keys=[inflight, tokens, day], args=[
+    await _script(_SETTLE)(keys=[inflight, tokens, day, leases, reserved], args=[
         admission.request_id, limits.tokens_per_minute or 0, 1 if limits.daily_token_budget else 0,
-        used_tokens - admission.charged_tokens, DAY_TTL,
-        used_tokens - admission.charged_tokens - admission.reserved_tokens])
+        used_tokens - admission.charged_tokens, DAY_TTL])

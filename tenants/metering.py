@@ -57,15 +57,14 @@ class Meter:
         """Take a concurrency slot, a request and ``prompt_tokens`` from the tenant's limits, and reserve in its
         daily budget the ``completion_tokens`` its ``choices`` answers may generate in all.
 
-        Returns:
-            The most tokens each answer may generate within the tenant's daily budget, where that is fewer
-            than asked for (the caller caps ``max_tokens`` to it); None otherwise.
-
         The request ends with the task serving it, whoever ends it: when that task ends before
         :meth:`finish` (the client left and Django cancelled it before a stream's first chunk, or
         while this call waited for Redis), the admission is settled as ``aborted`` then, so its
         slot is not held until its lease expires.
 
+        Returns:
+            The most tokens each answer may generate within the tenant's daily budget, where that is fewer
+            than asked for (the caller caps ``max_tokens`` to it); None otherwise.
         Raises:
             TenantError: 429 when a limit is reached (nothing is taken then).
         """
@@ -83,10 +82,14 @@ class Meter:
         return self.admission.max_tokens_cap if self.admission is not None else None
 
     def _abort_late_admission(self, admitting: asyncio.Future) -> None:
-        """The admission that Redis granted after its request's task was cancelled: settle it at once."""
+        """The admission that Redis granted after its request's task was cancelled: settle it at once (the
+        request was already recorded as aborted, without it, when the cancel reached ``api_view``)."""
         if not admitting.cancelled() and admitting.exception() is None and admitting.result() is not None:
             self.admission = admitting.result()
-            self.finish(error="aborted")
+            if self.finished:
+                self._background(self._settle(0))
+            else:
+                self.finish(error="aborted")
 
     def finish(self, prompt_tokens: int = 0, completion_tokens: int = 0, error: str | None = None,
                finish_reasons: Iterable[str | None] = ()) -> None:

@@ -72,9 +72,12 @@ class ServingEnv:
             allow_credentials=environ.get("TESSERA_ALLOW_CREDENTIALS", "") in ("1", "true", "True"),
             db_path=Path(environ.get("TESSERA_DB_PATH") or BASE_DIR / "db.sqlite3"),
             log_level=(environ.get("TESSERA_LOG_LEVEL") or "INFO").upper(),
-            secret_key=environ.get("DJANGO_SECRET_KEY") or "tessera-development-key-change-me-in-production",
+            secret_key=environ.get("DJANGO_SECRET_KEY") or DEVELOPMENT_SECRET_KEY,
             debug=environ.get("DJANGO_DEBUG", "") in ("1", "true", "True"),
         )
+
+
+DEVELOPMENT_SECRET_KEY = "tessera-development-key-change-me-in-production"  # public: in this repository
 
 
 def json_list(environ, name: str, default: tuple[str, ...] = ("*",)) -> tuple[str, ...]:

@@ -7,7 +7,8 @@ file's absolute real path, size in bytes and modification time in nanoseconds, p
 triggers a fresh conversion. Each entry records its source (``source.json``: path, size,
 modification time); a conversion removes the entries whose source file is gone or has
 changed since (a reinstalled package, a deleted virtualenv), so that copies of a 0.5 GB
-model do not pile up. Entries without ``source.json`` (written before it existed) are left.
+model do not pile up. Entries without ``source.json`` (written before it existed), and those
+converted on another host sharing the cache directory, are left.
 
 A cache hit only stats the GGUF file and the cache entry: it never opens the GGUF
 file nor imports transformers or gguf.
@@ -25,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -107,20 +109,25 @@ def converted_dir(gguf_path: str | Path) -> Path:
 
 def _source_identity(path: Path) -> dict:
     stat = path.stat()
-    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "host": socket.gethostname()}
 
 
 def _remove_stale_entries(keep: Path) -> None:
-    """Delete the cache entries whose recorded GGUF file no longer exists or has changed since."""
-    for entry in keep.parent.iterdir():
-        if entry == keep or entry.name.startswith(".") or not (entry / _SOURCE_FILE).is_file():
-            continue
+    """Delete the cache entries converted on this host whose GGUF file no longer exists or has changed since
+    (best effort: a load never fails here; entries of other hosts sharing the cache are left to them)."""
+    try:
+        entries = [entry for entry in keep.parent.iterdir() if entry != keep and not entry.name.startswith(".")]
+    except OSError:
+        return
+    for entry in entries:
         try:
             source = json.loads((entry / _SOURCE_FILE).read_text())
+            if source.get("host") != socket.gethostname():
+                continue
             path = Path(source["path"])
             stale = not path.is_file() or _source_identity(path) != source
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # no source.json (an older entry), unreadable, or not ours
         if stale:
             logger.info("Removing the cache entry %s: its GGUF file %s is gone or changed", entry, path)
             shutil.rmtree(entry, ignore_errors=True)

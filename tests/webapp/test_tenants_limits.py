@@ -105,6 +105,26 @@ def test_clients_that_leave_right_after_sending_free_their_slots(tenant_web, str
     assert usage["requests"] <= 11, usage
 
 
+def test_a_client_that_leaves_while_redis_admits_it_frees_its_slot_and_reservation(tenant_web, stack):
+    """Redis pauses writes, so the admission script waits; the client leaves meanwhile (Django cancels the view);
+    the admission Redis grants once writes resume is settled at once, not held for its 600 s lease."""
+    team = make_tenant(max_concurrent_requests=1, daily_token_budget=10_000)
+    body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2000, "n": 4})
+    raw = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"X-Tenant-ID: {team.slug}\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
+    url = urlsplit(tenant_web.base_url)
+    completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}, max_tokens=1)  # the day counter exists
+    stack.redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+    with socket.create_connection((url.hostname, url.port)) as client:
+        client.sendall(raw)
+        time.sleep(0.5)
+    time.sleep(1.5)  # writes resume; the admission lands after its request was cancelled
+    reservations = f"tessera:limits:{team.id}:reserved"
+    assert wait_for(lambda: stack.redis.hlen(reservations) == 0, timeout=10)
+    assert wait_for(lambda: completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}, max_tokens=1)[0] == 200,
+                    timeout=10)
+
+
 def test_a_failed_request_frees_its_slot(tenant_web):
     team = make_tenant(max_concurrent_requests=1)
     headers = {"X-Tenant-ID": team.slug}
@@ -158,8 +178,35 @@ def test_daily_budget_is_a_hard_cap_on_generated_tokens_too(tenant_web):
         assert len(results) <= 10, [r[0] for r in results]
     _rate_limited(results[-1], "tokens")
     assert "daily budget" in results[-1][2]["error"]["message"]
+    assert "Counted today" in results[-1][2]["error"]["message"]
     usage = wait_usage(team, 1 + len(results))
     assert usage["prompt_tokens"] + usage["completion_tokens"] <= 100, usage
+
+
+def test_daily_budget_held_by_a_request_in_flight_is_a_short_wait_not_until_midnight(tenant_web):
+    team = make_tenant(daily_token_budget=300)
+    headers = {"X-Tenant-ID": team.slug}
+    held = HeldStream(tenant_web.base_url, headers, max_tokens=250)  # reserves 250 while it streams
+    assert held.status == 200
+    try:
+        result = completion(tenant_web.base_url, headers, max_tokens=5, n=64)  # needs 64 tokens at least
+        seconds = _rate_limited(result, "tokens")
+        assert seconds <= 5 and "held by requests in flight" in result[2]["error"]["message"], result
+    finally:
+        held.close()
+    assert wait_for(lambda: completion(tenant_web.base_url, headers, max_tokens=1, n=64)[0] == 200)
+
+
+def test_daily_budget_reservations_come_back_when_answers_end_early(tenant_web):
+    """A request reserves n x max_tokens while it runs; what its answers did not use is free again after it."""
+    team = make_tenant(daily_token_budget=200)
+    headers = {"X-Tenant-ID": team.slug}
+    for _ in range(3):  # each reserves 150 of the 200 but uses a few tokens: no later one is capped
+        status, _, body = completion(tenant_web.base_url, headers, max_tokens=150, stop_token_ids=list(range(49152)))
+        assert status == 200 and body["usage"]["completion_tokens"] == 1, body
+    wait_for(lambda: usage_totals(team)["requests"] == 3)
+    status, _, body = completion(tenant_web.base_url, headers, max_tokens=20, n=2, ignore_eos=True)
+    assert status == 200 and body["usage"]["completion_tokens"] == 40, body  # not capped: 40 fit what is left
 
 
 def test_daily_budget_counts_the_days_recorded_usage_when_its_counter_is_missing(tenant_web, stack):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.errors import InvalidRequestError
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import MAX_N, SamplingParams
 from inference.validation import normalize_chat_messages
 
 from .errors import APIError, bad_request
@@ -23,7 +23,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenA
 # Answers one completions request may ask for (prompts x n): each is tokenized and tracked by the web process
 # that serves it, so a body of 50,000 one-letter prompts with n=128 held a process for 30 s (3 GB).
 MAX_COMPLETION_CHOICES = 4096
-_TOKEN_ID_KEY = re.compile("-?[0-9]+")
+_TOKEN_ID_KEY = re.compile("-?[0-9]{1,18}")  # no vocabulary is near 10**18 tokens
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs the valid ones into one character
 
 
@@ -144,8 +144,8 @@ def _logit_bias(body: Body) -> dict[int, float] | None:
         raise bad_request("'logit_bias' must map token ids (strings of digits) to numbers.", param="logit_bias")
     try:
         return {int(k): float(v) for k, v in bias.items()}
-    except OverflowError:
-        raise bad_request("'logit_bias' must map token ids to numbers.", param="logit_bias") from None
+    except OverflowError:  # a JSON integer beyond a double; SamplingParams refuses values outside [-100, 100]
+        raise bad_request("'logit_bias' values must be numbers in [-100, 100].", param="logit_bias") from None
 
 
 @dataclass
@@ -342,7 +342,7 @@ def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int
         raise bad_request("'prompt' must be a string, an array of strings, an array of token ids, "
                           "or an array of token id arrays.", param="prompt")
     n = options.sampling["n"]
-    if len(prompts) * n > MAX_COMPLETION_CHOICES:
+    if 1 <= n <= MAX_N and len(prompts) * n > MAX_COMPLETION_CHOICES:  # SamplingParams names n's own limit
         raise bad_request(f"The request asks for {len(prompts)} prompts x n={n} = {len(prompts) * n} answers, more "
                           f"than the {MAX_COMPLETION_CHOICES} one request may ask for (prompts x n); split the batch.",
                           param="prompt" if len(prompts) > MAX_COMPLETION_CHOICES else "n")

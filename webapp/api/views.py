@@ -61,7 +61,8 @@ async def _max_chars(served, tokenizer: Tokenizer) -> int | None:
 
 def _check_chars(num_chars: int, max_chars: int | None, param: str) -> None:
     if max_chars is not None and num_chars > max_chars:
-        raise APIError(f"The {param} {'have' if param == 'messages' else 'has'} {num_chars} characters, more than this model's maximum context length "
+        verb = "have" if param == "messages" else "has"
+        raise APIError(f"The {param} {verb} {num_chars} characters, more than this model's maximum context length "
                        f"(max_model_len) can hold in tokens: at most {max_chars} characters are tokenized.", 400,
                        param=param)
 
@@ -142,6 +143,11 @@ async def _tenant_model(caller: Caller, body: Body):
     return served
 
 
+# /tokenize with messages: the chat endpoint's fields that shape the rendered prompt.
+_CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                         "chat_template", "tools", "tool_choice")
+
+
 @api_view("POST")
 async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     """POST /tokenize: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``. Keys as on
@@ -172,10 +178,6 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     if body.get("return_token_strs", bool, False):
         result["token_strs"] = tokenizer.hf.convert_ids_to_tokens(tokens)
     return JsonResponse(result)
-
-
-_CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-                         "chat_template", "tools", "tool_choice")
 
 
 @api_view("POST")

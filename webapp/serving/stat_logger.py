@@ -29,6 +29,7 @@ class StatLogger:
     def reset(self) -> None:
         """Forget the previous stats (a new engine's counters start from 0)."""
         self._last = None
+        self.quiet = self._idle = False
 
     def line(self, stats: dict[str, Any], now: float) -> str | None:
         """The log line for ``stats`` taken at ``now`` (monotonic seconds), or None when it is

@@ -8,6 +8,7 @@ engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 
 import logging
 import os
@@ -25,7 +26,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
-from webapp.env import ServingEnv, parse_json_list
+from webapp.env import DEVELOPMENT_SECRET_KEY, ServingEnv, parse_json_list
 from webapp.serving import worker_slot
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
 
@@ -132,10 +133,11 @@ class Command(BaseCommand):
             tenant_specs = [parse_tenant_spec(text) for text in options["tenant_id"]]
         except ValueError as error:
             raise CommandError(str(error)) from None
-        if not os.environ.get("DJANGO_SECRET_KEY") and options["host"] not in ("127.0.0.1", "localhost", "::1"):
-            self.stderr.write(f"WARNING: serving on {options['host']} with Django's public development secret key: "
-                              "set DJANGO_SECRET_KEY (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
-                              ") so that sessions and CSRF tokens cannot be forged.")
+        public_key = ServingEnv.from_environ(os.environ).secret_key == DEVELOPMENT_SECRET_KEY
+        if public_key and not _is_loopback(options["host"]):
+            self.stderr.write(f"Warning: serving on {options['host']} with Django's public development secret key: "
+                              "set DJANGO_SECRET_KEY (e.g. `python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(50))'`) so that sessions and CSRF tokens cannot be forged.")
         call_command("migrate", interactive=False, verbosity=0)
         try:
             check_total(tenant_specs)
@@ -219,6 +221,14 @@ def cpu_threads_per_worker(device: str | None, workers: int, cores: int | None =
     if workers <= 1 or not on_cpu or os.environ.get("OMP_NUM_THREADS"):
         return os.environ.get("OMP_NUM_THREADS")
     return str(max(1, (cores or os.cpu_count() or 1) // workers))
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback: 127.0.0.0/8, ::1, localhost."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
