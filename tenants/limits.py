@@ -64,7 +64,9 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 # ARGV: request id, max concurrent, requests/min, tokens/min, daily budget (0: no limit),
 #       prompt tokens, lease seconds, day TTL, completion tokens asked for (all choices), choices.
 # Returns {verdict, seconds to wait, day's count, reserved by others} or
-#         {'ok', max tokens per choice (-1: uncapped), completion tokens reserved}.
+#         {'ok', max tokens per choice (-1: uncapped), completion tokens reserved} (integers as Redis integers).
+# A reservation's lease is LEASE_SECONDS from admission and is not renewed: a request that runs longer loses it
+# (and its concurrency slot), as one of a web process that died.
 _ADMIT = _BUCKET + """
 local concurrent, rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local prompt = tonumber(ARGV[6])
@@ -96,7 +98,7 @@ if budget > 0 then
   if left < choices then
     local verdict = 'budget'
     if budget - counted - prompt >= choices then verdict = 'reserved' end
-    return {verdict, '2', tostring(counted), tostring(held)}
+    return {verdict, '2', counted, held}
   end
   if wanted <= left then reserved = wanted else cap = math.floor(left / choices); reserved = cap * choices end
 end
@@ -116,11 +118,12 @@ if budget > 0 then
     redis.call('EXPIRE', KEYS[6], ARGV[7])
   end
 end
-return {'ok', tostring(cap), tostring(reserved)}
+return {'ok', cap, reserved}
 """
 
 # KEYS: in-flight set, tokens bucket, day counter, reservations' leases, reservations.
 # ARGV: request id, tokens/min at admission (0: none), counted the day (0/1), tokens used minus charged, day TTL.
+# Run once per admission (Meter.finish is idempotent): a second run would apply the adjustment twice.
 _SETTLE = _BUCKET + """
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])

@@ -114,12 +114,19 @@ def test_a_client_that_leaves_while_redis_admits_it_frees_its_slot_and_reservati
            f"X-Tenant-ID: {team.slug}\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
     url = urlsplit(tenant_web.base_url)
     completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}, max_tokens=1)  # the day counter exists
-    stack.redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
-    with socket.create_connection((url.hostname, url.port)) as client:
-        client.sendall(raw)
-        time.sleep(0.5)
-    time.sleep(1.5)  # writes resume; the admission lands after its request was cancelled
-    reservations = f"tessera:limits:{team.id}:reserved"
+    inflight, reservations = f"tessera:limits:{team.id}:inflight", f"tessera:limits:{team.id}:reserved"
+    wait_for(lambda: stack.redis.zcard(inflight) == 0)  # the warm-up request is settled
+
+    def admission_blocked() -> bool:  # the admission script waits for the pause
+        return any(c["cmd"] == "evalsha" and "b" in c["flags"] for c in stack.redis.client_list())
+    stack.redis.execute_command("CLIENT", "PAUSE", 3000, "WRITE")  # under the workers' 4 s heartbeat TTL
+    try:
+        with socket.create_connection((url.hostname, url.port)) as client:
+            client.sendall(raw)
+            wait_for(admission_blocked, timeout=2.5, interval=0.02)
+        time.sleep(0.3)  # Daphne sees the disconnect; Django cancels the view while it waits for Redis
+    finally:
+        stack.redis.execute_command("CLIENT", "UNPAUSE")
     assert wait_for(lambda: stack.redis.hlen(reservations) == 0, timeout=10)
     assert wait_for(lambda: completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}, max_tokens=1)[0] == 200,
                     timeout=10)
@@ -184,17 +191,18 @@ def test_daily_budget_is_a_hard_cap_on_generated_tokens_too(tenant_web):
 
 
 def test_daily_budget_held_by_a_request_in_flight_is_a_short_wait_not_until_midnight(tenant_web):
-    team = make_tenant(daily_token_budget=300)
+    team = make_tenant(daily_token_budget=1500)
     headers = {"X-Tenant-ID": team.slug}
-    held = HeldStream(tenant_web.base_url, headers, max_tokens=250)  # reserves 250 while it streams
+    held = HeldStream(tenant_web.base_url, headers, max_tokens=1200)  # reserves 1,200 while it streams
     assert held.status == 200
-    try:
-        result = completion(tenant_web.base_url, headers, max_tokens=5, n=64)  # needs 64 tokens at least
+    try:  # about 300 prompt tokens and 32 answers: more than the 1,500 - 1,200 - its prompt left, less than 1,500
+        result = completion(tenant_web.base_url, headers, prompt="hello " * 300, max_tokens=5, n=32)
         seconds = _rate_limited(result, "tokens")
         assert seconds <= 5 and "held by requests in flight" in result[2]["error"]["message"], result
     finally:
         held.close()
-    assert wait_for(lambda: completion(tenant_web.base_url, headers, max_tokens=1, n=64)[0] == 200)
+    # Fits even if the held stream used all of its 1,200 tokens before its abort.
+    assert wait_for(lambda: completion(tenant_web.base_url, headers, max_tokens=1, n=32)[0] == 200)
 
 
 def test_daily_budget_reservations_come_back_when_answers_end_early(tenant_web):
