@@ -31,8 +31,9 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
         The effective max_tokens (int, tokens).
     Raises:
         InvalidRequestError: empty prompt (param ``prompt``), a token id outside the
-            vocabulary (``prompt``, ``logit_bias``, ``stop_token_ids``), or prompt + max_tokens over ``max_model_len``
-            (``max_tokens``, naming both numbers).
+            vocabulary (``prompt``, ``logit_bias``, ``stop_token_ids``), prompt + max_tokens over ``max_model_len``
+            (``max_tokens``, naming both numbers), or, with ``max_tokens`` None, a ``min_tokens`` above what the
+            context leaves (``min_tokens``).
     """
     num_prompt = len(prompt_token_ids)
     if num_prompt == 0:
@@ -47,12 +48,17 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_mod
             f"{max_model_len} tokens (max_model_len), which must also leave room for at least 1 output token.",
             param="prompt")
     if params.max_tokens is None:
-        return max_model_len - num_prompt
+        room = max_model_len - num_prompt
+        if params.min_tokens > room:  # SamplingParams checked it against an explicit max_tokens only
+            raise InvalidRequestError(f"min_tokens must be at most max_tokens={room} (what the context leaves after "
+                                      f"the prompt), got {params.min_tokens}.", param="min_tokens")
+        return room
     if num_prompt + params.max_tokens > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{shown(num_prompt + params.max_tokens)} tokens ({num_prompt} in the prompt, {shown(params.max_tokens)} "
-            f"for the completion, max_tokens). Reduce the prompt or max_tokens.", param="max_tokens")
+            f"{shown(num_prompt + params.max_tokens)} tokens ({num_prompt} in the prompt, "
+            f"{shown(params.max_tokens)} for the completion, max_tokens). Reduce the prompt or max_tokens.",
+            param="max_tokens")
     return params.max_tokens
 
 

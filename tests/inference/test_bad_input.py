@@ -159,6 +159,9 @@ def test_numpy_integers_count_as_integers_and_huge_values_are_quoted_briefly():
 def test_huge_seed_in_range_works_and_bad_token_ids_are_refused(engine):
     engine.add_request("big-seed", "Hi", SamplingParams(seed=2**64 - 1, max_tokens=2))
     engine.add_request("numpy-seed", "Hi", SamplingParams(seed=np.uint64(2**64 - 1), max_tokens=2))
+    with pytest.raises(InvalidRequestError) as info:  # max_tokens None: the context's room (128 - the prompt)
+        engine.add_request("min-tokens", "Hi", SamplingParams(max_tokens=None, min_tokens=200))
+    assert info.value.param == "min_tokens" and "at most max_tokens=" in str(info.value)
     for param, params in (("logit_bias", SamplingParams(logit_bias={10**7: 5})),
                           ("stop_token_ids", SamplingParams(stop_token_ids=[-5]))):
         with pytest.raises(InvalidRequestError) as info:

@@ -113,10 +113,6 @@ class Generation:
         for p, prompt in enumerate(self.prompts):
             try:
                 max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
-                if self.base_params.max_tokens is None and self.base_params.min_tokens > max_tokens:
-                    raise InvalidRequestError(f"min_tokens must be at most max_tokens={max_tokens} (what the context "
-                                              f"leaves after the prompt), got {self.base_params.min_tokens}.",
-                                              param="min_tokens")
             except InvalidRequestError as error:
                 raise self.options.api_error(error) from None
             params = dict(self.options.sampling, max_tokens=max_tokens)
