@@ -57,7 +57,8 @@ def visible_snapshot(state: State, viewer: Viewer) -> dict[str, Any]:
     """The JSON the viewer gets: ``time`` (Unix s), ``totals`` (:func:`.stats.summarize` over
     the visible models), ``models`` (name, the same numbers, and ``workers`` for staff),
     ``idle_workers`` (workers serving no model; staff only, else empty) and ``tenants`` (rows
-    of :class:`.tenant_usage.TenantUsage`)."""
+    of :class:`.tenant_usage.TenantUsage`, each with ``recent_share``: its share of the tokens
+    served over the last seconds, 0..1, None when nothing was served)."""
     shown = [m for m in state.models if viewer.sees_model(m.name)]
     rows = []
     for model in shown:
@@ -71,5 +72,6 @@ def visible_snapshot(state: State, viewer: Viewer) -> dict[str, Any]:
         "totals": summarize(shown),
         "models": rows,
         "idle_workers": [asdict(w) for w in state.idle_workers] if viewer.is_staff else [],
-        "tenants": [asdict(t) for t in state.tenants if viewer.is_staff or t.slug in viewer.tenant_slugs],
+        "tenants": [dict(asdict(t), recent_share=state.served_shares.get(t.slug, 0.0) if state.served_shares else None)
+                    for t in state.tenants if viewer.is_staff or t.slug in viewer.tenant_slugs],
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from webapp.serving.client import get_redis
 from webapp.serving.registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 
+from .served_shares import ServedShares, read_served
 from .stats import ModelStats, Sample, WorkerStats, idle_workers, model_stats
 from .tenant_usage import TenantUsage, tenant_usage_today
 
@@ -32,12 +33,14 @@ FRESH = HEARTBEAT_INTERVAL / 2  # seconds within which a sample is recent enough
 @dataclass(frozen=True)
 class State:
     """What every viewer's snapshot is cut from: the sample ``time`` (Unix s), the models'
-    numbers, the workers that serve no model, and the tenants' rows."""
+    numbers, the workers that serve no model, the tenants' rows and each tenant's share of the
+    tokens served over the last seconds (:mod:`.served_shares`; slug -> 0..1)."""
 
     time: float
     models: list[ModelStats]
     idle_workers: list[WorkerStats]
     tenants: list[TenantUsage]
+    served_shares: dict[str, float] = field(default_factory=dict)
 
 
 Subscriber = Callable[[State], Awaitable[None]]
@@ -53,6 +56,7 @@ class StatsSampler:
         self._tenants: list[TenantUsage] = []
         self._tenants_read = 0.0
         self._state: State | None = None
+        self._shares = ServedShares()
 
     def subscribe(self, subscriber: Subscriber) -> None:
         """Call ``subscriber`` with every new state until :meth:`unsubscribe`."""
@@ -89,7 +93,8 @@ class StatsSampler:
         if now - self._tenants_read >= TENANT_REFRESH:
             self._tenants = await sync_to_async(tenant_usage_today)()
             self._tenants_read = now
-        self._state = State(now, model_stats(sample), idle_workers(sample), self._tenants)
+        shares = self._shares.add(now, await read_served(redis, names))
+        self._state = State(now, model_stats(sample), idle_workers(sample), self._tenants, shares)
         return self._state
 
 

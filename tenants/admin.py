@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from redis.exceptions import RedisError
 
 from .models import ApiKey, Tenant, Usage
 
@@ -35,6 +36,17 @@ class TenantAdmin(admin.ModelAdmin):
         ("Limits (empty: none)", {"fields": ("max_concurrent_requests", "requests_per_minute",
                                              "tokens_per_minute", "daily_token_budget", "allowed_models")}),
     )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The tenant's page also charts its share of the served tokens against its GPU share, live
+        (the dashboard's share chart for this tenant)."""
+        from dashboard.views import dashboard_context  # noqa: PLC0415 (the dashboard app imports this one's models)
+
+        try:
+            live = dashboard_context(request)
+        except RedisError:  # the page without its chart
+            live = {}
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **live})
 
 
 @admin.register(ApiKey)

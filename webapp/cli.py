@@ -68,11 +68,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the flags of an engine worker that are not engine flags (``serve`` passes them on)."""
     parser.add_argument(
         "--max-waiting-requests", type=non_negative_int, default=None, metavar="N",
-        help="Requests a worker takes from its model's queue beyond --max-num-seqs, to wait in its "
-             "engine's scheduler, which picks among them by the tenants' GPU shares (default: "
-             "max(max_num_seqs, 64): enough for several tenants to each have requests waiting, and to "
-             "refill a whole batch; more only keeps requests from other workers). The rest stay in "
-             "Redis for any worker; a waiting request of a worker that dies is requeued.")
+        help="Requests a worker takes from its model's queues beyond --max-num-seqs, to wait in its "
+             "engine's scheduler (default: max(2 x max_num_seqs, 64): a whole batch ending at once is "
+             "refilled at once, with as many again behind it). Which tenant's request a worker takes "
+             "next follows the tenants' GPU shares at any depth; the rest stay in Redis for any worker, "
+             "and a waiting request of a worker that dies is requeued.")
 
 
 def worker_argv(options: dict[str, Any]) -> list[str]:

@@ -89,7 +89,44 @@
     }
   }
 
+  // The share chart: each tenant's share of the tokens served over the last seconds (solid)
+  // against its GPU share (dashed), in %. Its series follow the tenants in the snapshot (one
+  // tenant with data-tenant), so the plot is made anew when they change.
+  let shares = null;
+
+  function pushShares(snapshot) {
+    const el = root.querySelector("[data-share-chart]");
+    if (!el || typeof uPlot === "undefined") return;
+    const only = el.dataset.tenant;
+    const tenants = (snapshot.tenants || []).filter((t) => t.active && (!only || t.slug === only));
+    const key = tenants.map((t) => t.slug).join(" ");
+    if (!shares || shares.key !== key) {
+      if (shares) shares.plot.destroy();
+      const series = [{}];
+      tenants.forEach((t, i) => {
+        const stroke = COLORS[i % COLORS.length];
+        series.push({label: `${t.slug} served`, stroke, width: 2, spanGaps: true});
+        series.push({label: `${t.slug} share`, stroke, width: 1, dash: [6, 4]});
+      });
+      const data = [[], ...tenants.flatMap(() => [[], []])];
+      shares = {key, data, plot: new uPlot({width: Math.max(300, el.clientWidth), height: 200, series,
+                                            scales: {y: {range: [0, 100]}}, axes: [{}, {size: 60}]}, data, el)};
+    }
+    shares.data[0].push(snapshot.time);
+    const latest = {};
+    tenants.forEach((t, i) => {
+      const served = t.recent_share === null || t.recent_share === undefined ? null : 100 * t.recent_share;
+      shares.data[2 * i + 1].push(served);
+      shares.data[2 * i + 2].push(t.gpu_share);
+      latest[t.slug] = {served, share: t.gpu_share};
+    });
+    if (shares.data[0].length > HISTORY) shares.data.forEach((column) => column.shift());
+    shares.plot.setData(shares.data);
+    el.dataset.latest = JSON.stringify(latest);
+  }
+
   function pushCharts(snapshot) {
+    pushShares(snapshot);
     for (const chart of charts) {
       chart.data[0].push(snapshot.time);
       chart.series.forEach(([, field, scale], i) => {

@@ -69,6 +69,10 @@ class Stack:
             assert self.daphne.alive() and time.monotonic() < deadline, "daphne did not start"
             time.sleep(0.1)
 
+    def queued(self) -> int:
+        """Requests waiting in Redis for a worker of the model (every tenant's queue)."""
+        return sum(self.redis.llen(key) for key in self.redis.scan_iter(match=f"tessera:queue:{MODEL}:*"))
+
     def worker_infos(self) -> list[dict]:
         """Heartbeat info of the live workers (engine stats included)."""
         ids = self.redis.zrangebyscore("tessera:workers", time.time() - 4, "+inf")

@@ -88,6 +88,12 @@ def test_a_huge_whole_number_max_tokens_is_quoted_briefly(stack):
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}], "max_tokens": 1}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\udc00"]}', "stop"),
     ("/tokenize", b'{"prompt": "Hi \\ud800"}', "prompt"),
+    # The raw UTF-8 bytes of a surrogate (ED A0 80), no escape: json.loads decodes them too.
+    ("/v1/completions", b'{"prompt": "a\xed\xa0\x80", "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 1}',
+     "messages"),
+    ("/tokenize", b'{"prompt": "\xed\xbf\xbf"}', "prompt"),
+    ("/v1/completions", b'{"model": "m\xed\xa0\x80", "prompt": "Hi", "max_tokens": 1}', "model"),
 ])
 def test_lone_surrogates_are_a_400_naming_the_field(stack, path, raw, field):
     """JSON allows ``"\\ud800"``, but a lone surrogate is no character: a 400, not a 500."""

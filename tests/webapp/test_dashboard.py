@@ -37,6 +37,9 @@ def people(orm):
     blue = make_tenant(slug=f"blue-{suffix}", gpu_share=20, allowed_models=["some-other-model"])
     red.members.add(users["alice"])
     blue.members.add(users["bob"])
+    from django.contrib.auth.models import Permission
+
+    users["staff"].user_permissions.add(*Permission.objects.filter(codename__in=["view_tenant", "change_tenant"]))
     return {**users, "red": red, "blue": blue}
 
 
@@ -253,7 +256,9 @@ def test_live_page_in_chromium_under_load_and_across_a_server_restart(chromium, 
     wait.until(lambda d: d.current_url == base_url + "/dashboard/live/" and connection(d) == "open")
     assert len(driver.find_elements(By.CSS_SELECTOR, "[data-chart] canvas")) == 4  # uPlot drew the charts
 
-    load = BackgroundLoad(base_url, {})
+    assert driver.find_elements(By.CSS_SELECTOR, "[data-share-chart] canvas")  # the tenants' share chart
+    red = people["red"].slug
+    load = BackgroundLoad(base_url, {"X-Tenant-ID": red})
     try:  # the tokens/s number changes as the worker publishes
         readings: list[str] = []
 
@@ -265,6 +270,27 @@ def test_live_page_in_chromium_under_load_and_across_a_server_restart(chromium, 
             return len(set(numbers)) >= 2 and max(numbers) > 0
 
         WebDriverWait(driver, 300, poll_frequency=0.2).until(changed, message=f"tokens/s read {readings}")
+
+        def red_served(d) -> float:  # red's line on the share chart: its share of the recently served tokens
+            latest = json.loads(d.find_element(By.CSS_SELECTOR, "[data-share-chart]").get_attribute("data-latest")
+                                or "{}")
+            return (latest.get(red) or {}).get("served") or 0.0
+
+        # Only red sends: its share of the served tokens climbs towards 100%, against its quota of 30%.
+        WebDriverWait(driver, 120, poll_frequency=0.2).until(lambda d: red_served(d) > 50,
+                                                             message="red's served share did not show")
+        legend = driver.find_element(By.CSS_SELECTOR, "[data-share-chart]").text
+        assert f"{red} served" in legend and f"{red} share" in legend, legend
+        # The admin's page of the tenant charts the same, for that tenant only.
+        driver.get(f"{base_url}/admin/tenants/tenant/{people['red'].pk}/change/")
+        WebDriverWait(driver, 120, poll_frequency=0.2).until(lambda d: red_served(d) > 50,
+                                                             message="the admin's tenant page showed no share")
+        legend = driver.find_element(By.CSS_SELECTOR, "[data-share-chart]").text
+        assert f"{red} served" in legend and people["blue"].slug not in legend, legend
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / "admin-tenant-share.png"))
+        driver.get(base_url + "/dashboard/live/")
+        wait.until(lambda d: connection(d) == "open")
         ARTIFACTS.mkdir(exist_ok=True)
         screenshot = ARTIFACTS / "dashboard-live.png"
         assert driver.save_screenshot(str(screenshot))

@@ -89,6 +89,27 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         (worker,) = [json.loads(client.get(f"tessera:worker:{w.decode()}")) for w in client.zrange("tessera:workers", 0, -1)]
         assert worker["tenant_shares"] == {"default": 0.0, "team1": 30.0, "team2": 70.0}
 
+        # Its private Redis dies: serve starts a new one on the same address, publishes the tenants'
+        # shares to it again, and the server answers as before.
+        (redis_pid,) = [pid for pid, cmd in children.items() if "redis-server" in cmd]
+        os.kill(redis_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ids = client.zrange("tessera:workers", 0, -1)
+                infos = [json.loads(raw) for raw in client.mget([f"tessera:worker:{w.decode()}" for w in ids]) if raw]
+                if infos and infos[0].get("tenant_shares", {}).get("team1") == 30.0:
+                    break
+            except redis.RedisError:
+                pass
+            assert time.monotonic() < deadline and serve.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        assert b"redis-server exited" in (tmp_path / "serve.log").read_bytes()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        reply = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_headers={"X-Tenant-ID": "team1"})
+        assert reply.usage.completion_tokens >= 1
+
+        children = _children(serve.pid)
         serve.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert serve.wait(60) == 0
         time.sleep(0.2)

@@ -120,25 +120,25 @@ def test_disconnect_while_a_batch_is_enqueued(stack, stream):
 
 
 def test_drop_queued_takes_off_only_the_given_requests_and_keeps_the_others_in_order(stack):
-    """What a client that leaves a large batch does to the queue (``task_messages.drop_queued``)."""
-    import re
-
+    """What a client that leaves a large batch does to the queue (``request_queue.drop_queued``)."""
     import redis.asyncio as aioredis
 
-    from webapp.serving.task_messages import drop_queued, enqueue_blocking
+    from webapp.serving.request_queue import QueuedRequest, drop_queued, enqueue, queue_key
 
-    queue = "tessera.model.drop-test"  # no worker consumes it
+    model = "drop-test"  # no worker serves it
+    queue = queue_key(model, None)
     stack.redis.delete(queue)
-    enqueue_blocking(stack.redis, queue, [{"rid": f"req-{i}", "prompt_token_ids": [1, 2]} for i in range(30)])
+    requests = [QueuedRequest(f"req-{i}", "reply", model, [1, 2], {"max_tokens": 4}, 0.0) for i in range(30)]
 
     async def drop() -> int:
         client = aioredis.Redis.from_url(stack.redis_url)
         try:
+            await enqueue(client, model, requests)
             return await drop_queued(client, queue, [f"req-{i}" for i in range(0, 30, 3)] + ["req-99"])
         finally:
             await client.aclose()
 
     assert asyncio.run(drop()) == 10
-    consumed = [re.search(rb"\[rid=([^\]]+)\]", stack.redis.rpop(queue)).group(1).decode() for _ in range(20)]
+    consumed = [QueuedRequest.decode(stack.redis.rpop(queue)).rid for _ in range(20)]
     assert consumed == [f"req-{i}" for i in range(30) if i % 3]  # the order a worker takes them in
     assert stack.redis.llen(queue) == 0

@@ -84,31 +84,29 @@ def two_workers(tmp_path_factory):
 
 def test_requests_not_started_go_to_the_surviving_worker(two_workers):
     s = two_workers
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 96, "ignore_eos": True, "temperature": 0}
     held_key = f"tessera:held:{MODEL}"
 
     async def run() -> tuple[list[tuple[int, bytes]], float]:
         requests = [asyncio.ensure_future(asyncio.to_thread(http, "POST", s.base_url + "/v1/completions", body,
                                                              None, 300)) for _ in range(6)]
         deadline = time.monotonic() + 60
-        # Each worker takes three: one running, one waiting in its engine's backlog, and one its
-        # task holds until the engine has a place (never more: the rest would stay in Redis for
-        # either worker). The two not started are recorded as held by the worker.
+        # Each worker takes two: one running and one waiting in its engine's backlog (a worker
+        # takes a request only when its engine has a place, so the rest stay in Redis for either
+        # worker). The one not started is recorded as held by the worker.
         while not ([(w["stats"]["num_running"], w["stats"]["num_waiting"]) for w in s.worker_infos()] == [(1, 1)] * 2
-                   and s.redis.hlen(held_key) == 4):
+                   and s.redis.hlen(held_key) == 2 and s.queued() == 2):
             assert time.monotonic() < deadline, (s.worker_infos(), s.redis.hgetall(held_key))
             await asyncio.sleep(0.05)
         holders = sorted(json.loads(r)["worker"] for r in s.redis.hvals(held_key))
-        assert holders == sorted(2 * [w["id"] for w in s.worker_infos()])
+        assert holders == sorted(w["id"] for w in s.worker_infos())
         # /metrics counts the backlogs as waiting.
         assert metric_value(metrics_text(s.base_url), "vllm:num_requests_waiting{") == 2
         victim = next(w["id"] for w in s.worker_infos() if w["pid"] == s.workers[0].pid)
         s.workers[0].kill()
         killed = time.monotonic()
-        # The survivor puts the dead worker's requests not started back on the queue within
-        # seconds (the broker would never redeliver the backlogged one: its message was
-        # acknowledged when the dead worker's engine took it), and their clients keep waiting
-        # for them instead of failing.
+        # The survivor puts the dead worker's request not started back on the queue within
+        # seconds, and its client keeps waiting for it instead of failing.
         while any(json.loads(r)["worker"] == victim for r in s.redis.hvals(held_key)):
             assert time.monotonic() < killed + 10, "the dead worker's held requests were not taken over"
             await asyncio.sleep(0.1)
@@ -118,12 +116,12 @@ def test_requests_not_started_go_to_the_surviving_worker(two_workers):
     results, taken_over_after = asyncio.run(run())
     assert taken_over_after < 10
     statuses = sorted(status for status, _ in results)
-    # The killed worker's running request fails; the other five (the survivor's three, the dead
-    # worker's backlogged one and the one its task held) complete on the survivor.
+    # The killed worker's running request fails; the other five (the survivor's two, the dead
+    # worker's backlogged one and the two still queued) complete on the survivor.
     assert statuses == [200] * 5 + [503], results
     for status, raw in results:
         if status == 200:
-            assert json.loads(raw)["usage"]["completion_tokens"] == 24
+            assert json.loads(raw)["usage"]["completion_tokens"] == 96
     assert s.redis.hlen(held_key) == 0
 
 
@@ -185,5 +183,36 @@ def test_requests_whose_clients_left_are_not_rerun_after_their_worker_died(tmp_p
         assert s.redis.hlen(held_key) == 0
         reply = s.openai().completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
         assert reply.usage.completion_tokens == 4  # and it serves new requests
+    finally:
+        s.stop()
+
+
+def test_requests_sent_as_the_only_worker_dies_are_answered_not_dropped(tmp_path_factory):
+    """Streamed requests sent right as the only worker is SIGKILLed (``serve`` restarts it): each one
+    ends, with its answer from the new worker or with an error event; none waits for ever. (A
+    worker used to take a request off the queue before recording it anywhere, so a kill at that
+    moment lost it: its client got its first chunk and then nothing.)"""
+    s = Stack(tmp_path_factory.mktemp("kill-race"))
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True, "stream": True}
+    try:
+        for delay in (0.0, 0.03, 0.1):
+            async def run() -> list[list[str]]:
+                streams = [asyncio.ensure_future(open_stream(s.base_url, "/v1/completions", body)) for _ in range(3)]
+                await asyncio.sleep(delay)
+                s.workers[-1].kill()
+                s.add_worker()  # as serve restarts it
+                ends = []
+                for opened in streams:
+                    reader, writer, status = await opened
+                    assert status == 200
+                    ends.append(await asyncio.wait_for(read_events(reader), 180))
+                    writer.close()
+                return ends
+
+            for events in asyncio.run(run()):
+                assert events and events[-1] == "[DONE]", (delay, events)
+                last = json.loads(events[-2])
+                assert "error" in last or last["choices"][0]["finish_reason"] == "length", (delay, last)
+            s.wait_live()
     finally:
         s.stop()

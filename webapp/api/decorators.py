@@ -17,7 +17,7 @@ from tenants.identity import identify
 from tenants.metering import Meter, error_kind
 from tenants.usage import recorder
 
-from .errors import APIError, unavailable
+from .errors import APIError, queue_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
                     code="request_too_large"))
             except RedisError as error:
                 logger.warning("Redis failed during %s: %s", request.path, error)
-                return _refused(meter, unavailable(f"The message broker (Redis) is unavailable: {error}"))
+                return _refused(meter, queue_unreachable())
             except Exception:
                 logger.exception("unexpected error in %s", request.path)
                 return _refused(meter, APIError("The server had an internal error.", 500,

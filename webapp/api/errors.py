@@ -79,6 +79,15 @@ def unavailable(message: str) -> APIError:
     return APIError(message, 503, type="service_unavailable", code="service_unavailable")
 
 
+QUEUE_UNREACHABLE = "The request queue (Redis) is unreachable; retry the request."
+
+
+def queue_unreachable() -> APIError:
+    """The 503 of a request that Redis failed: the message says so without Redis's address
+    (which ``str()`` of a connection error carries, e.g. ``Error 111 connecting to host:port``)."""
+    return unavailable(QUEUE_UNREACHABLE)
+
+
 def no_worker(model: str) -> APIError:
     """The 503 of a request for a model that no live worker serves."""
     return unavailable(f"No worker is serving model '{model}' now; retry later.")

@@ -22,7 +22,7 @@ from webapp.env import ENV
 from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
 
 from . import formatting
-from .errors import APIError, no_worker, unavailable
+from .errors import APIError, no_worker, queue_unreachable, unavailable
 from .protocol import GenerationOptions
 
 
@@ -211,7 +211,8 @@ class Generation:
             self._end("unavailable")
             if isinstance(error, ServerStopping):  # abort now: the event loop ends soon after
                 await asyncio.shield(self.stream.abort())
-            last.append(formatting.sse(unavailable(str(error)).body()))
+            failure = queue_unreachable() if isinstance(error, RedisError) else unavailable(str(error))
+            last.append(formatting.sse(failure.body()))
         except BaseException as error:  # client gone (CancelledError) or a bug; aborted when the task ends
             self._end(_kind_of(error))
             raise

@@ -41,7 +41,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("The request body nests JSON arrays or objects too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
-    if b"\\u" in (raw or b""):  # only an escape can make a lone surrogate: valid UTF-8 never holds one
+    # Only an escape, or the bytes of a surrogate (ED A0-BF ..; json.loads decodes bytes with
+    # "surrogatepass"), can make a lone surrogate: valid UTF-8 never holds one.
+    if b"\\u" in (raw or b"") or b"\xed" in (raw or b""):
         _reject_lone_surrogates(body)
     return body
 

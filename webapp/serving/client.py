@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -25,15 +26,19 @@ import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from webapp.celery import queue_for
+from redis.exceptions import RedisError
 
 from . import held, registry
 from .messages import Message, is_final
 from .replies import reply_router
-from .task_messages import drop_queued, enqueue
-from .tenant_shares import SHARES_KEY
+from .request_queue import QueuedRequest, drop_queued, enqueue, epoch
+
+logger = logging.getLogger(__name__)
 
 DROP_QUEUED_MIN = 8  # unclaimed requests of an abort from which their messages are taken off the queue
+
+ABORT_RETRY_FOR = 600.0  # seconds an abort is retried while Redis is unreachable
+ABORT_RETRY_MAX_DELAY = 2.0  # seconds between two tries, at most
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 # Seconds a request that has not started waits for some worker of its model to be live again
@@ -100,13 +105,16 @@ class GenerationStream:
         self._no_worker_since: float | None = None  # monotonic time since when no worker was live
         self._stopped = request_stopped.get()
         self._queues: list[str] = []  # the queues its requests were put on
+        self._queued: dict[str, QueuedRequest] = {}  # what was enqueued, by request id
+        self._epoch: str | None = None  # Redis's epoch when they were (request_queue.epoch)
+        self._started: set[str] = set()  # requests a message of which arrived
 
     @property
     def finished(self) -> bool:
         return not self._unfinished
 
     async def start(self) -> None:
-        """Put every engine request on the model's Celery queue of its tenant.
+        """Put every engine request on its tenant's queue of the model (:mod:`.request_queue`).
 
         The stream belongs to the task that starts it (the one serving the HTTP request):
         when that task ends with engine requests unfinished, however it ends (the client
@@ -120,21 +128,10 @@ class GenerationStream:
         self._router = reply_router()
         self.reply = self._router.open(self._deliver)
         now = time.time()
-        payloads = [{"rid": r.rid, "reply": self.reply, "prompt_token_ids": r.prompt_token_ids,
-                     "model": self.model, "params": r.params, "arrival": now, "tenant": r.tenant,
-                     "priority": r.priority, "cache_salt": r.cache_salt} for r in self.requests]
-        redis = get_redis()
-        tenants = sorted({p["tenant"] for p in payloads if p["tenant"]})
-        # A tenant's queue only once the workers know the tenant (they consume the queues of the
-        # tenants in the shares hash): otherwise the queue for requests of no tenant.
-        known = dict(zip(tenants, await redis.hmget(SHARES_KEY, tenants))) if tenants else {}
-        by_queue: dict[str, list[dict[str, Any]]] = {}
-        for payload in payloads:
-            tenant = payload["tenant"] if known.get(payload["tenant"]) is not None else None
-            by_queue.setdefault(queue_for(self.model, tenant), []).append(payload)
-        for queue, group in by_queue.items():
-            await enqueue(redis, queue, group)
-        self._queues = list(by_queue)
+        requests = [QueuedRequest(r.rid, self.reply, self.model, r.prompt_token_ids, r.params, now, r.tenant,
+                                  r.priority, r.cache_salt) for r in self.requests]
+        self._queued = {r.rid: r for r in requests}
+        self._queues, self._epoch = await enqueue(get_redis(), self.model, requests)
 
     def _deliver(self, messages: list[Message]) -> None:
         self._pending.extend(messages)
@@ -145,9 +142,10 @@ class GenerationStream:
         if self.reply is not None:
             self._router.close(self.reply)
         if self._unfinished:
-            abort = asyncio.ensure_future(self.abort())
+            abort = asyncio.ensure_future(self.abort(retry_for=ABORT_RETRY_FOR))
             _aborts_in_flight.add(abort)  # keep a reference until it is done
             abort.add_done_callback(_aborts_in_flight.discard)
+            abort.add_done_callback(_retrieve)  # a failure was logged
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -155,6 +153,9 @@ class GenerationStream:
             rid = message.get("rid")
             if rid not in self._unfinished:
                 continue
+            self._started.add(rid)
+            if message.get("worker"):
+                self._owners[rid] = message["worker"]
             self._held[(rid, message.get("seq", 0))] = message
             while (rid, self._next_seq[rid]) in self._held:
                 ready = self._held.pop((rid, self._next_seq[rid]))
@@ -185,6 +186,7 @@ class GenerationStream:
         rids = sorted(self._unfinished)
         owners = dict(zip(rids, (o.decode() if o else None for o in
                                  await redis.mget([registry.claim_key(r) for r in rids]))))
+        await self._enqueue_again_if_lost(redis, owners)
         known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
         for owner in set(owners.values()) - {None, registry.ABORTED, registry.REQUEUED} - known:
             if await registry.worker_info(redis, owner) is None:  # not just newer than the shared read
@@ -202,6 +204,21 @@ class GenerationStream:
             self._no_worker()
         elif known:  # some worker of the model is live again
             self._no_worker_since = None
+
+    async def _enqueue_again_if_lost(self, redis: aioredis.Redis, owners: dict[str, str | None]) -> None:
+        """Redis lost its data since the requests were enqueued (its epoch changed: a restart
+        without persistence): enqueue again those that nothing was heard of and that no worker
+        claims. A copy of one that a worker still holds in its engine is harmless: the claim lets
+        one of the two run (:func:`.request_queue.take`, :func:`.held.settle`)."""
+        now = await epoch(redis)
+        if now == self._epoch:
+            return
+        lost = [self._queued[rid] for rid, owner in owners.items()
+                if owner is None and rid not in self._started and rid in self._queued]
+        logger.warning("Redis lost its data (a restart?); enqueueing %d requests of this stream again", len(lost))
+        if lost:
+            _, now = await enqueue(redis, self.model, lost)
+        self._epoch = now
 
     def _no_worker(self) -> None:
         """No worker of the model is live while requests of this stream have not started: they stay
@@ -226,16 +243,37 @@ class GenerationStream:
                 return False
         return True
 
-    async def abort(self) -> None:
+    async def abort(self, retry_for: float = 0.0) -> None:
         """Abort the unfinished engine requests: those not claimed yet, and those a worker claimed
         but holds unstarted (:func:`.held.abort_held`: even a dead worker, whose records another
         worker would requeue), are marked so that no worker starts them; the owners of the
         claimed ones get an abort on their control channel. From ``DROP_QUEUED_MIN`` unclaimed
-        ones on, their messages are also taken off the queue (:func:`.task_messages.drop_queued`)."""
+        ones on, their messages are also taken off the queue (:func:`.request_queue.drop_queued`).
+
+        ``retry_for``: seconds for which an abort that fails because Redis is unreachable (a
+        restart) is tried again, so that it takes effect once Redis is back; 0: raise at once.
+
+        Raises:
+            RedisError: Redis could not be reached (and ``retry_for`` ran out).
+        """
         if not self._unfinished:
             return
         rids = sorted(self._unfinished)
         self._unfinished.clear()
+        deadline, delay = time.monotonic() + retry_for, 0.1
+        while True:
+            try:
+                return await self._abort(rids)
+            except (RedisError, OSError) as error:
+                if time.monotonic() + delay > deadline:
+                    if retry_for:
+                        logger.warning("aborting %d requests failed for %.0f s (%s); giving up", len(rids),
+                                       retry_for, type(error).__name__)
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, ABORT_RETRY_MAX_DELAY)
+
+    async def _abort(self, rids: list[str]) -> None:
         redis = get_redis()
         pipe = redis.pipeline(transaction=False)
         for rid in rids:  # not claimed, or requeued: no worker starts it now
@@ -247,6 +285,9 @@ class GenerationStream:
             for queue in self._queues:
                 await drop_queued(redis, queue, sorted(unclaimed))
         by_worker: dict[str, list[str]] = {}
+        for rid in sorted(unclaimed):  # started, but its claim was lost (a Redis restart): abort it where it runs
+            if rid in self._owners:
+                by_worker.setdefault(self._owners[rid], []).append(rid)
         if claimed:
             for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
                 if owner and owner.decode() != registry.ABORTED:

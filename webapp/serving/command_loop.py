@@ -2,7 +2,7 @@
 one at a time and carries them out (part of :class:`.runtime.WorkerRuntime`).
 
 A load takes seconds to minutes, so the thread is not Celery's: it starts once the Celery
-worker consumes, and the outcome of a command shows in the heartbeat (``state``, ``error``).
+worker is ready, and the outcome of a command shows in the heartbeat (``state``, ``error``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import redis
 from . import worker_slot
 from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
 from .model_lifecycle import READY
-from .queues import CeleryQueues
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +41,9 @@ class CommandLoop:
                 logger.exception("unloading failed")
         worker_slot.record(self._redis, self.slot, self.spec if self.state == READY else None)
 
-    def _sync_queues_quietly(self) -> None:
-        """Between commands: consume the queues of tenants created since (:meth:`sync_queues`)."""
-        if self.queues is None or self.state != READY:
-            return
-        try:  # an unload, the only other change to the consumed queues, runs on this thread too
-            self.sync_queues()
-        except Exception:
-            logger.exception("could not consume a new tenant's queue; trying again in %.0f s", COMMAND_POLL)
-
-    def serve_commands(self, queues: CeleryQueues) -> None:
-        """Once the Celery worker consumes: take model commands on a thread of its own
+    def serve_commands(self) -> None:
+        """Once the Celery worker is ready: take model commands on a thread of its own
         (returns at once)."""
-        self.queues = queues
         threading.Thread(target=self._command_loop, name="tessera-worker-commands", daemon=True).start()
 
     def _command_loop(self) -> None:
@@ -69,7 +58,6 @@ class CommandLoop:
             if self._closing.is_set():
                 continue
             if item is None:
-                self._sync_queues_quietly()
                 continue
             try:
                 command = ModelCommand.decode(item[1])

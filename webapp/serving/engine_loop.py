@@ -112,17 +112,15 @@ class EngineLoop(threading.Thread):
         self._slots.release()
 
     def displace_for(self, tenant_id: str | None) -> str | None:
-        """The engine is full: make room for a request of ``tenant_id`` by taking out a waiting
-        request that the scheduler has not started, of the tenant with the most such requests,
-        if that tenant has at least two more than ``tenant_id``. Blocks until the loop has
-        decided (at most one step).
+        """The engine is full: make room for a request of ``tenant_id`` if the scheduler holds no
+        waiting (not yet started) request of that tenant, by taking out the latest waiting
+        request of the tenant with the most of them, if it has at least two. Blocks until the
+        loop has decided (at most one step).
 
-        Why: the worker fills its backlog from the queue in arrival order, and the requests
-        of the tenant the scheduler serves least pile up in it (they wait longest), until the
-        others find no place and the scheduler has nothing of theirs to choose: it then serves
-        the queue's arrival order again. Evening out the tenants' counts keeps every flooding
-        tenant present in the backlog; the scheduler, not the mix, applies the shares (a mix in
-        the ratio of the shares would leave the smaller tenant too few requests waiting).
+        Why: the scheduler applies the shares only between the tenants it holds requests of; a
+        tenant arriving into another's flood would otherwise wait for the whole backlog to drain
+        before its first request is even seen. The backlog's mix is left to the dequeue
+        (:mod:`.dispatcher`), which already follows the shares.
 
         Returns:
             the id of the request taken out (aborted here; its place is now the caller's: do
@@ -236,11 +234,10 @@ class EngineLoop(threading.Thread):
         for rid, tenant in self.engine.unstarted_requests():
             if rid in self._active:
                 by_tenant.setdefault(tenant, []).append(rid)
-        others = [t for t in by_tenant if t != tenant_id]
-        if not others:
+        if by_tenant.get(tenant_id) or not by_tenant:
             return None
-        victim = max(others, key=lambda t: len(by_tenant[t]))
-        if len(by_tenant[victim]) <= len(by_tenant.get(tenant_id, ())) + 1:
+        victim = max(by_tenant, key=lambda t: len(by_tenant[t]))
+        if len(by_tenant[victim]) < 2:
             return None
         rid = by_tenant[victim][-1]  # the latest: the one the scheduler would start last
         self.engine.abort_request([rid], report=False)

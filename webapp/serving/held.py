@@ -1,11 +1,12 @@
 """Requests a worker took from its model's queue but has not started yet, and how the other
 workers take them over when that worker dies.
 
-A worker takes a request out of Redis before its engine starts it: while its task waits for a
-place in the engine, and while the request waits in the engine's backlog (its scheduler's
-waiting queue, where the tenants' shares pick the next request). If the worker is killed then,
-nothing else would bring the request back. So the worker records it in Redis
-(``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload"}``) before waiting,
+A worker takes a request out of Redis before its engine starts it: the request waits in the
+engine's backlog (its scheduler's waiting queue, where the tenants' shares pick the next
+request). If the worker is killed then, nothing else would bring the request back. So the
+worker records it in Redis
+(``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload", "charge"}``) as it
+takes it off the queue (:func:`.request_queue.take`, in the same atomic step),
 and removes the record (:func:`settle`) when the request's first output or error is published,
 when its client aborts it, or when the worker gives it back. A client that leaves while its request
 is held marks the claim ``ABORTED`` (:func:`abort_held`), so that it never starts, even when its
@@ -21,9 +22,7 @@ can claim it); settling removes the record only while the claim still names this
 a worker publishes nothing of a request it could not settle (it aborts it). So whichever comes
 first wins: the requeued copy, or the first output of the original. The client's stream reads
 the record too: an owner that died with its request still held is not a lost request
-(:meth:`webapp.serving.client.EngineStream._check_workers`). When the broker redelivers an
-original message later, the request's claim (kept ``CLAIM_DONE_TTL`` seconds after it
-finished) stops it running twice.
+(:meth:`webapp.serving.client.GenerationStream._check_workers`).
 
 Why the first published message, not the step in which the scheduler first takes the request:
 that message is the first thing its client could see, so settling there is exactly the point
@@ -47,12 +46,6 @@ RECLAIM_INTERVAL = 1.0  # seconds between two checks for requests held by dead w
 
 def held_key(model: str) -> str:
     return f"tessera:held:{model}"
-
-
-def hold(redis, model: str, worker_id: str, payload: dict[str, Any]) -> None:
-    """Record that ``worker_id`` holds ``payload`` (a ``tessera.generate`` task's) without having
-    started it. A record of another worker for the same request (a duplicate copy) is kept."""
-    redis.hsetnx(held_key(model), payload["rid"], json.dumps({"worker": worker_id, "payload": payload}))
 
 
 # KEYS: the held hash; ARGV: the request id, the worker's id.
@@ -95,12 +88,12 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local claim = redis.call('GET', KEYS[2])
 if claim == ARGV[5] then
-  return false
+  return {raw, 'aborted'}
 end
 if claim == ARGV[2] then
   redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 end
-return raw
+return {raw, 'requeue'}
 """
 
 # KEYS: the claim, the held hash; ARGV: the request id, ABORTED, TTL (s).
@@ -136,7 +129,8 @@ def abort_held(redis, model: str, request_id: str, client=None):
 
 
 def take_orphans(redis, model: str) -> list[dict[str, Any]]:
-    """Payloads of the requests held by workers whose heartbeat has expired, removed from the hash
+    """Records (``payload``: the encoded request, ``charge``: what its tenant's counter was
+    charged) of the requests held by workers whose heartbeat has expired, removed from the hash
     (each is returned to exactly one caller, whatever the number of workers calling at once), their
     claims turned from the dead worker's id into ``REQUEUED``."""
     records = {rid.decode(): json.loads(raw) for rid, raw in redis.hgetall(held_key(model)).items()}
@@ -145,18 +139,24 @@ def take_orphans(redis, model: str) -> list[dict[str, Any]]:
     owners = sorted({r["worker"] for r in records.values()})
     alive = dict(zip(owners, (raw is not None for raw in redis.mget([registry.worker_key(w) for w in owners]))))
     taken = [take(redis, model, record["worker"], rid) for rid, record in records.items() if not alive[record["worker"]]]
-    return [payload for payload in taken if payload is not None]
+    return [record for record in taken if record is not None]
 
 
 def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] | None:
     """Take the record of ``request_id`` held by ``worker_id`` (dead, or giving it back): remove
     it and turn that worker's claim, if it had one, into ``REQUEUED``, so that a requeued copy can
-    claim it. Returns the payload to requeue, None when the record was not there (taken already,
-    or settled) or its client aborted it (:func:`abort_held`)."""
-    raw = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
-                                             args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL,
-                                                   registry.ABORTED])
-    return json.loads(raw)["payload"] if raw else None
+    claim it. Returns the record (``payload``: the encoded request, ``charge``: what its tenant's
+    counter was charged, ``aborted``: True when its client aborted it, :func:`abort_held`, and it
+    must not be requeued, only refunded), None when the record was not there (taken already, or
+    settled)."""
+    found = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
+                                               args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL,
+                                                     registry.ABORTED])
+    if not found:
+        return None
+    record = json.loads(found[0])
+    record["aborted"] = found[1] in (b"aborted", "aborted")
+    return record
 
 
 class OrphanReclaimer(threading.Thread):
@@ -164,7 +164,8 @@ class OrphanReclaimer(threading.Thread):
 
     Args:
         redis: a synchronous ``redis.Redis``.
-        requeue: sends one payload to the model's queue (:func:`.task_messages.enqueue_blocking`).
+        requeue: puts one taken record's request back at the head of its queue
+            (:func:`.request_queue.requeue`).
     """
 
     def __init__(self, redis, model: str, requeue: Callable[[dict[str, Any]], None]) -> None:
@@ -177,10 +178,10 @@ class OrphanReclaimer(threading.Thread):
     def run(self) -> None:
         while not self._stop.wait(RECLAIM_INTERVAL):
             try:
-                for payload in take_orphans(self._redis, self._model):
+                for record in take_orphans(self._redis, self._model):
                     logger.warning("request %s was held by a worker that died; putting it back on the queue",
-                                   payload["rid"])
-                    self._requeue(payload)
+                                   record["payload"].split(" ", 1)[0])
+                    self._requeue(record)
             except Exception:  # noqa: BLE001 (Redis unreachable for a moment: try again next time)
                 logger.exception("reclaiming held requests failed")
 

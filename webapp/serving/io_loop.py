@@ -25,6 +25,7 @@ from typing import Any, Callable
 from channels_redis.core import RedisChannelLayer
 
 from . import held, registry
+from .fair_charges import FairCharges
 from .messages import coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .recent_stats import RecentStats
@@ -33,6 +34,8 @@ from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
 from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 
 logger = logging.getLogger(__name__)
+
+CONTROL_RETRY = 0.5  # seconds between two tries to receive aborts while Redis is unreachable
 
 
 class WorkerIO(threading.Thread):
@@ -65,6 +68,7 @@ class WorkerIO(threading.Thread):
         self._routes: dict[str, str] = {}  # request id -> reply channel
         self._unstarted: dict[str, str] = {}  # request id -> model, while its held record stands
         self._seq: dict[str, int] = {}
+        self.charges = FairCharges()  # what each request cost its tenant's shared counter
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue | None = None
         self._ready = threading.Event()
@@ -93,6 +97,7 @@ class WorkerIO(threading.Thread):
         self._unstarted.pop(request_id, None)
         self._routes.pop(request_id, None)
         self._seq.pop(request_id, None)
+        self.charges.drop(request_id)
 
     def publish(self, outputs: list, step_time: float) -> None:
         """Queue one step's outputs for publishing; returns at once (engine loop side)."""
@@ -192,10 +197,16 @@ class WorkerIO(threading.Thread):
         lost = await self._settle({m["rid"] for m, _ in messages if m["rid"] in self._unstarted})
         if lost:
             messages = [(m, t) for m, t in messages if m["rid"] not in lost]
+            for rid in lost:
+                self.charges.drop(rid)
         for message, step_time in messages:
             if message["type"] == "delta":
                 self._observe(message, step_time)
-        items, cleanup = [], []
+                self.charges.on_delta(message["rid"], message["num_prompt_tokens"],
+                                      sum(len(o["token_ids"]) for o in message["outputs"]))
+            if is_final(message):
+                self.charges.close(message["rid"])
+        items, cleanup = [], self.charges.commands()
         for message in coalesce([m for m, _ in messages]):
             rid = message["rid"]
             channel = self._routes.get(rid)
@@ -203,6 +214,8 @@ class WorkerIO(threading.Thread):
                 continue
             message["seq"] = self._seq.get(rid, 0)
             self._seq[rid] = message["seq"] + 1
+            if message["seq"] == 0:  # who runs it, for the client's aborts and checks (its claim may be lost)
+                message["worker"] = self.worker_id
             items.append((channel, message))
             if is_final(message):
                 del self._routes[rid]
@@ -240,14 +253,33 @@ class WorkerIO(threading.Thread):
                               message.get("num_prompt_tokens"))
 
     async def _control(self) -> None:
+        """Receive aborts until the thread stops. A Redis error (a restart, a network cut) is
+        logged once and the receive retried every ``CONTROL_RETRY`` seconds, so that aborts work
+        again as soon as Redis is back; those sent meanwhile are retried by their web process
+        (:mod:`webapp.serving.client`)."""
+        failing = False
         while True:
-            message = await self.layer.receive(self.control_channel)
+            try:
+                message = await self.layer.receive(self.control_channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 (RedisError, or the layer's own on a lost connection)
+                if not failing:
+                    logger.warning("receiving aborts failed (%s); retrying every %.1f s", type(error).__name__,
+                                   CONTROL_RETRY)
+                failing = True
+                await asyncio.sleep(CONTROL_RETRY)
+                continue
+            if failing:
+                logger.info("receiving aborts again")
+                failing = False
             if message.get("type") == "abort":
                 rids = list(message.get("rids", ()))
                 for rid in rids:
                     self._routes.pop(rid, None)
                     self._seq.pop(rid, None)
                     self.metrics.forget(rid)
+                    self.charges.close(rid)
                 self._on_abort(rids)
                 try:  # aborted before it started: its held record goes (nothing is published for it)
                     await self._settle({rid for rid in rids if rid in self._unstarted}, aborted=True)
@@ -275,7 +307,7 @@ class WorkerIO(threading.Thread):
     async def _heartbeat_once(self) -> None:
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         info["recent"] = self.recent.sample(info["stats"])
-        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info))
+        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info) + self.charges.commands())
         await self._push_counters(info)
         self._log_stats(info)
         if self._on_shares is not None:

@@ -3,11 +3,10 @@
 Why the process outlives its engine: a worker may start with a model or with none
 (``idle``), and takes load / unload / reload commands from its command list
 (:mod:`.commands`) on a thread of its own (:mod:`.command_loop`). A load builds the engine
-on a new engine-loop thread (``loading``), then starts consuming the model's queues, one per
-tenant (``ready``; the queue of a tenant created later within about a second, by the command
-thread); if building fails, the error is kept for the heartbeat (``failed``) and the
+on a new engine-loop thread (``loading``), then starts taking the model's requests from its
+queues (``ready``; :mod:`.dispatcher`); if building fails, the error is kept for the heartbeat (``failed``) and the
 worker stays as it was without a model, ready for the next command. An unload first stops
-consuming the queue, then ends the engine's requests (running and backlogged) with an error
+taking requests, then ends the engine's requests (running and backlogged) with an error
 saying so, adds the model's last counter increments to its totals, and drops the engine
 (its weights and KV cache) before the worker reports ``idle``.
 """
@@ -19,12 +18,9 @@ import time
 
 import torch
 
-from webapp.celery import queue_for
-
-from . import held
+from .dispatcher import Dispatcher, reclaimer
 from .engine_loop import EngineLoop
 from .model_spec import ModelSpec
-from .tenant_shares import SHARES_KEY, decode_shares
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +31,17 @@ MIN_DEFAULT_BACKLOG = 64  # requests
 
 def default_max_waiting_requests(max_num_seqs: int) -> int:
     """The backlog a worker keeps when ``--max-waiting-requests`` is not given, in requests:
-    ``max(max_num_seqs, 64)``.
+    ``max(2 * max_num_seqs, 64)``.
 
-    At least ``max_num_seqs``, so that a whole batch finishing at once (same ``max_tokens``)
-    is refilled from the engine's own waiting queue, chosen by the tenants' shares, rather
-    than from Redis in arrival order; at least 64, so that with a small batch several
-    tenants still each have requests waiting for the scheduler to choose between. Not more:
-    a request in one worker's backlog cannot move to another worker that has room (only a
-    dead worker's backlog is requeued), so a longer backlog spreads a burst less evenly over
-    the model's workers.
+    At least ``max_num_seqs``, so that a whole batch finishing at once (same ``max_tokens``) is
+    refilled from the engine's own waiting queue in the next step; twice that, so that the
+    batch after it is already waiting too while the worker takes more from Redis. The mix of
+    tenants in the backlog follows their shares whatever its depth (:mod:`.dispatcher`). Not
+    deeper: a request in one worker's backlog cannot move to another worker that has room
+    (only a dead worker's backlog is requeued), so a longer backlog spreads a burst less evenly
+    over the model's workers.
     """
-    return max(max_num_seqs, MIN_DEFAULT_BACKLOG)
+    return max(2 * max_num_seqs, MIN_DEFAULT_BACKLOG)
 
 
 class ModelLifecycle:
@@ -57,44 +53,16 @@ class ModelLifecycle:
         """The served model's name while an engine serves it (``ready`` or ``unloading``)."""
         return self.spec.name if self.state in (READY, UNLOADING) else None
 
-    def model_queues(self, scan: bool = False) -> list[str]:
-        """The Celery queues of the served model (none without one): its queue for requests of no
-        tenant and one per active tenant (from the shares the workers read, :mod:`.tenant_shares`).
-        ``scan`` (at a load): also the tenant queues that hold messages, e.g. of a tenant deleted
-        while its requests waited, so that no request is left in a queue nobody consumes."""
-        name = self.model
-        if name is None:
-            return []
-        shares = self._shares if self._shares is not None else decode_shares(self._redis.hgetall(SHARES_KEY))
-        queues = {queue_for(name, slug) for slug in shares.shares}
-        if scan:
-            found = (key.decode() for key in self._redis.scan_iter(match=queue_for(name, "*"), count=1000))
-            queues.update(key for key in found if "\x06" not in key)  # not kombu's priority sub-queues
-        return [queue_for(name)] + sorted(queues)
-
-    def sync_queues(self, scan: bool = False) -> None:
-        """Consume the served model's queues not consumed yet (a tenant created since the last
-        call, or all of them after a load, ``scan`` as in :meth:`model_queues`); on the command
-        thread, since each waits for the Celery consumer's answer.
-
-        Raises:
-            QueueControlError: the consumer did not confirm.
-        """
-        for queue in self.model_queues(scan):
-            if queue not in self.consumed_queues:
-                self.queues.consume(queue)
-                self.consumed_queues.add(queue)
-
     def load(self, spec: ModelSpec) -> None:
-        """Build ``spec``'s engine (unloading the current model first) and consume its queue.
+        """Build ``spec``'s engine (unloading the current model first) and take its requests.
 
         A spec whose settings are refused before anything is built (``create_engine_config``: an
         unknown source, FP8 without FP8 tensor cores, a ``max_model_len`` over the model's) leaves
         the served model serving, with the refusal as the worker's error.
 
         Raises:
-            what building the engine raised, or ``QueueControlError``; the worker is then
-            ``failed``, with no model, and takes the next command.
+            what building the engine raised; the worker is then ``failed``, with no model, and
+            takes the next command.
         """
         args = spec.engine_args(self.base_args)
         if self.loop is not None:
@@ -117,12 +85,12 @@ class ModelLifecycle:
                 loop.set_tenant_shares(self._shares)
             with self._lock:
                 self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
-            if self.queues is not None:
-                self.sync_queues(scan=True)
-            self.reclaimer = held.OrphanReclaimer(self._redis, spec.name, self._requeue)
+            self.dispatcher = Dispatcher(self._redis_url, spec.name, self.worker_id, loop, self.io)
+            self.dispatcher.start()
+            self.reclaimer = reclaimer(self._redis_url, spec.name)
             self.reclaimer.start()
         except BaseException as error:
-            if self.loop is loop:  # built, but its queue could not be consumed
+            if self.loop is loop:  # built, but what follows failed
                 self.unload()
             self.state, self.spec, self.error = FAILED, None, f"{type(error).__name__}: {error}"
             _free_memory()
@@ -131,7 +99,7 @@ class ModelLifecycle:
         logger.info("model %s is ready (max_model_len %d)", spec.name, engine.max_model_len)
 
     def unload(self, reason: str = UNLOADED) -> None:
-        """Stop consuming the model's queue, end its running requests with ``reason`` (a 503
+        """Stop taking the model's requests, end those in the engine with ``reason`` (a 503
         to their clients), add its last counters to its totals and free the engine."""
         with self._lock:
             loop = self.loop
@@ -146,13 +114,7 @@ class ModelLifecycle:
         except Exception:
             logger.exception("could not publish the unloading state")
         self._stop_reclaimer()
-        if self.queues is not None:
-            for queue in sorted(self.consumed_queues):
-                try:
-                    self.queues.cancel(queue)
-                except Exception:  # requests it still takes are sent back (see admit)
-                    logger.exception("could not stop consuming %s", queue)
-        self.consumed_queues.clear()
+        self._stop_dispatcher()
         loop.stop(reason)
         loop.join(30)
         self.io.end_model()
@@ -162,6 +124,11 @@ class ModelLifecycle:
         del loop
         _free_memory()
         logger.info("model %s unloaded", name)
+
+    def _stop_dispatcher(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.dispatcher = None
 
     def _stop_reclaimer(self) -> None:
         if self.reclaimer is not None:

@@ -3,9 +3,9 @@ state, and the runtime the Celery tasks of this process hand requests to.
 
 Its parts, one module each: loading, unloading and reloading the model
 (:mod:`.model_lifecycle`), the thread that takes model commands (:mod:`.command_loop`),
-admitting requests from Celery tasks into the engine (:mod:`.admission`, which says why a
-dead worker loses no queued request and why the engine holds a backlog), and what the
-heartbeat says about the worker (:mod:`.heartbeat_info`).
+and what the heartbeat says about the worker (:mod:`.heartbeat_info`). The loaded model's
+requests come from its queues through a :class:`.dispatcher.Dispatcher` (which says why a dead
+worker loses no queued request, and how the tenants' shares decide what enters the engine).
 """
 from __future__ import annotations
 
@@ -24,24 +24,23 @@ import redis
 from inference import EngineArgs
 
 from . import held, worker_slot
-from .admission import Admission, WorkerShuttingDown
 from .command_loop import CommandLoop
 from .commands import commands_key
+from .dispatcher import Dispatcher
 from .engine_loop import EngineLoop
 from .heartbeat_info import HeartbeatInfo
 from .io_loop import WorkerIO
 from .model_lifecycle import IDLE, READY, ModelLifecycle, default_max_waiting_requests
 from .model_spec import ModelSpec
-from .queues import CeleryQueues
 
-__all__ = ["WorkerRuntime", "WorkerShuttingDown", "default_max_waiting_requests", "get_runtime", "install_runtime"]
+__all__ = ["WorkerRuntime", "default_max_waiting_requests"]
 
 logger = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL = 0.0001  # seconds; see WorkerRuntime.start
 
 
-class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
+class WorkerRuntime(ModelLifecycle, CommandLoop, HeartbeatInfo):
     """This worker process: its I/O thread, its command thread, and the engine of the model
     it serves (none while ``idle`` or ``failed``) with that engine's step-loop thread.
 
@@ -85,9 +84,8 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         self.ready_at: float | None = None  # time.time() when the current model became ready
         self.loop: EngineLoop | None = None
         self.engine: Any = None
-        self.queues: CeleryQueues | None = None  # set once the Celery worker consumes (see serve_commands)
-        self.consumed_queues: set[str] = set()  # the served model's queues consumed (model_queues)
         self._shares = None
+        self.dispatcher: Dispatcher | None = None  # takes the served model's requests into its engine
         self.reclaimer: held.OrphanReclaimer | None = None  # for the served model's held requests
         self.io = WorkerIO(self.worker_id, layer, self._info, self._on_abort, self._on_shares)
 
@@ -122,10 +120,11 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
                     f"serves {self.model}" if self.model else "no model", commands_key(self.worker_id))
 
     def begin_shutdown(self) -> None:
-        """Stop admitting; requests in the engine are ended with an error to their clients."""
+        """Stop taking requests; those in the engine are ended with an error to their clients."""
         if self._closing.is_set():
             return
         self._closing.set()
+        self._stop_dispatcher()
         if self.loop is not None:
             self.loop.stop()
 
@@ -142,6 +141,8 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         ``manage.py serve`` starts a fresh one; queued requests wait for it in Redis."""
         logger.error("engine failed (%s); stopping worker %s", error, self.worker_id)
         self._closing.set()
+        if self.dispatcher is not None:
+            self.dispatcher.stop(timeout=0)
         os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_abort(self, request_ids: list[str]) -> None:
@@ -152,22 +153,3 @@ class WorkerRuntime(ModelLifecycle, CommandLoop, Admission, HeartbeatInfo):
         self._shares = shares
         if self.loop is not None:
             self.loop.set_tenant_shares(shares)
-
-
-_runtime: WorkerRuntime | None = None
-_runtime_ready = threading.Event()
-
-
-def install_runtime(runtime: WorkerRuntime) -> None:
-    """Make ``runtime`` the one the Celery tasks of this process hand requests to."""
-    global _runtime
-    _runtime = runtime
-    _runtime_ready.set()
-
-
-def get_runtime(timeout: float = 600.0) -> WorkerRuntime:
-    """This process's runtime (waits for the engine to be built)."""
-    if not _runtime_ready.wait(timeout):
-        raise WorkerShuttingDown()
-    assert _runtime is not None
-    return _runtime

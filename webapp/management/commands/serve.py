@@ -108,9 +108,10 @@ class Command(BaseCommand):
                             choices=["debug", "info", "warning", "error", "critical"])
         parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                             help="Engine workers to start (each hosts one engine).")
-        parser.add_argument("--api-server-count", type=int, default=1,
+        parser.add_argument("--api-server-count", type=int, default=None,
                             help="Web (Daphne) processes sharing the port; more keep up with more streamed "
-                                 "tokens per second.")
+                                 "tokens per second. Default: one per 4 CPU cores of a GPU host, at most 4; "
+                                 "1 when the engines run on the CPU.")
 
     def handle(self, *args, **options) -> None:
         engine_args = engine_args_from_options(options)
@@ -127,6 +128,8 @@ class Command(BaseCommand):
         launcher.DIE_WITH_PARENT = True
         if options["data_parallel_size"] < 1:
             raise CommandError("--data-parallel-size must be at least 1.")
+        if options["api_server_count"] is None:
+            options["api_server_count"] = default_api_server_count(engine_args.device)
         if not 1 <= options["api_server_count"] <= 64:
             raise CommandError(f"--api-server-count must be between 1 and 64, got {options['api_server_count']}.")
         try:
@@ -201,13 +204,50 @@ class Command(BaseCommand):
                 if child.alive():
                     continue
                 restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW]
-                if child.name != "worker" or len(restarts) >= MAX_RESTARTS:
+                if child.name not in ("worker", "redis") or len(restarts) >= MAX_RESTARTS:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
+                restarts.append(time.monotonic())
+                if child.name == "redis":
+                    children[i] = self._restart_redis(child, redis_url)
+                    continue
                 self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one, which "
                                   "serves the model it served.")
-                restarts.append(time.monotonic())
                 children[i] = launcher.start_worker(engine_argv(engine_args) + worker_argv(options), child.env)
             time.sleep(0.5)
+
+
+    def _restart_redis(self, child: launcher.Child, redis_url: str) -> launcher.Child:
+        """The private redis-server died: start a new one on the same port and publish the tenants'
+        shares to it again. Its data is gone; the web processes enqueue again the requests that no
+        worker had started, and streams whose messages were lost end with an error event
+        (:mod:`webapp.serving.client`)."""
+        self.stderr.write(f"redis-server exited with code {child.proc.returncode}; starting a new one (requests "
+                          "in flight are enqueued again or ended with an error).")
+        port = int(redis_url.rsplit(":", 1)[1].split("/", 1)[0])
+        try:
+            new, _ = launcher.start_redis(port=port)
+        except RuntimeError as error:
+            raise CommandError(f"redis-server could not be restarted: {error}; stopping.") from None
+        tenant_shares.publish()
+        return new
+
+
+MAX_DEFAULT_API_SERVERS = 4
+
+
+def default_api_server_count(device: str | None, cores: int | None = None, gpu: bool | None = None) -> int:
+    """``--api-server-count`` when not given: with GPU engines, one web process per 4 CPU cores, at
+    most ``MAX_DEFAULT_API_SERVERS`` (on the H200, W1 through the serving path reached 70% of the
+    offline engine with one process and 94% with four: one Daphne process cannot stream tens of
+    thousands of tokens a second); with CPU engines 1, since the web processes would take the
+    cores the engine computes on."""
+    if gpu is None:
+        import torch
+
+        gpu = (device or "").startswith("cuda") or (device is None and torch.cuda.is_available())
+    if not gpu:
+        return 1
+    return max(1, min(MAX_DEFAULT_API_SERVERS, (cores or os.cpu_count() or 1) // 4))
 
 
 def cpu_threads_per_worker(device: str | None, workers: int, cores: int | None = None) -> str | None:

@@ -1,7 +1,7 @@
 """``manage.py worker [MODEL] [engine flags]``: a Celery worker hosting one engine at a time.
 
 Start more of them (same flags, same ``REDIS_URL``) to serve a model data-parallel: they
-all consume the model's queue. ``manage.py serve`` starts one for you. ``--no-model`` starts
+all take from the model's queues, in the order of the tenants' shares (counted over all of them). ``manage.py serve`` starts one for you. ``--no-model`` starts
 a worker without a model, to which the admin loads one (Models and workers > Workers); the
 engine flags are then the defaults that a loaded model's own settings are laid over.
 """
@@ -19,14 +19,13 @@ from inference.errors import TesseraError
 from webapp.celery import app as celery_app
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_args_from_options
 from webapp.serving.model_spec import ModelSpec
-from webapp.serving.queues import CeleryQueues
-from webapp.serving.runtime import WorkerRuntime, install_runtime
+from webapp.serving.runtime import WorkerRuntime
 
 logger = logging.getLogger("tessera.worker")
 
 
 class Command(BaseCommand):
-    help = "Run a Celery worker that hosts an inference engine and serves its model's queue."
+    help = "Run a Celery worker that hosts an inference engine and serves its model's queues."
 
     def add_arguments(self, parser) -> None:
         add_engine_arguments(parser)
@@ -48,14 +47,12 @@ class Command(BaseCommand):
         except TesseraError as error:
             runtime.close()
             raise CommandError(str(error)) from error
-        install_runtime(runtime)
         hostname = f"tessera@{runtime.worker_id}"
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
-        worker_ready.connect(lambda **_: runtime.serve_commands(CeleryQueues(celery_app, hostname)), weak=False)
-        # A queue of its own keeps an idle worker off Celery's default queue; nothing is sent to it.
-        model_queues = runtime.model_queues(scan=True)  # the model's queue of no tenant, and one per tenant
-        runtime.consumed_queues.update(model_queues)
-        queues = [f"tessera.worker.{runtime.worker_id}"] + model_queues
+        worker_ready.connect(lambda **_: runtime.serve_commands(), weak=False)
+        # Requests do not pass through Celery's consumer (the runtime's dispatcher takes them in the
+        # tenants' share order); a queue of its own keeps the worker off Celery's default queue.
+        queues = [f"tessera.worker.{runtime.worker_id}"]
         worker = celery_app.Worker(
             hostname=hostname, queues=queues, pool_cls="threads",
             concurrency=1, prefetch_multiplier=1, loglevel=options["log_level"].upper(),
