@@ -42,6 +42,7 @@ class RequestResult:
     output_tokens: int = 0
     ttft: float = 0.0
     latency: float = 0.0
+    started: float = 0.0  # time.perf_counter() when it was sent
     itl: list[float] = field(default_factory=list)
 
 
@@ -53,15 +54,17 @@ def random_prompts(num: int, input_len: int, range_ratio: float, seed: int, voca
     return [[rng.randrange(*vocab) for _ in range(rng.randint(low, input_len))] for _ in range(num)]
 
 
-async def send_one(base_url: str, body: dict) -> RequestResult:
-    """Stream one completion; TTFT is the first chunk with text, ITL the gaps after it."""
+async def send_one(base_url: str, body: dict, headers: dict[str, str] | None = None) -> RequestResult:
+    """Stream one completion (with ``headers`` added); TTFT is the first chunk with text, ITL the
+    gaps after it."""
     result = RequestResult(prompt_len=len(body["prompt"]))
     host, port = base_url.removeprefix("http://").rstrip("/").split(":")
     payload = json.dumps(body).encode()
-    start = time.perf_counter()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    start = result.started = time.perf_counter()
     try:
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
                      f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
         await writer.drain()
         status = int((await reader.readline()).split()[1])

@@ -17,7 +17,10 @@ divided by its share. Then:
   alone gets the whole budget.
 * **No burst credit**: a tenant that becomes active (its first request, or the first after
   being idle) has its counter lifted to the lowest counter among the tenants already
-  active (the system's virtual time when none is): idle time earns nothing.
+  active (the system's virtual time when none is): idle time earns nothing. The virtual
+  time follows the active tenants at every step, also while nothing waits (the scheduler
+  observes its running requests then), so a tenant served alone, because the others were
+  idle, owes nothing for it when they return.
 * **Running requests** (:meth:`FairShare.order_running`) are ranked by how much KV cache
   their tenant holds per unit of share, least first, so that the step's budget goes first
   to the tenants below their share, and the tenants above it come last.

@@ -137,6 +137,8 @@ class Scheduler:
         order = None  # the policy's own order; with tenant shares, weighted fair queuing over tenants
         if self.fair_share is not None and self.policy:
             order = iter(self.fair_share.order_waiting(list(self.policy), self.running, self.config.max_num_seqs))
+        elif self.fair_share is not None:  # nothing waits: the virtual time still follows the tenants served
+            self.fair_share.observe((), self.running)
         while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.policy.peek() if order is None else next(order)
             num_new = self._allocate_waiting(request, budget)

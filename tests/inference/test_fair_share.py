@@ -234,6 +234,25 @@ def test_late_tenant_is_served_at_once_but_gets_no_burst():
     assert window["c"] / sum(window.values()) <= 1 / 3 + 0.05, window
 
 
+def test_a_tenant_served_alone_owes_nothing_when_the_others_return():
+    """Both tenants run requests, nothing waits; team2's end soon, team1's run on alone for long
+    (the work conserved for it, team2 wanting none); then both flood again. The split is 30/70
+    from the start, not team2 "catching up" on the tokens team1 got while team2 was idle (through
+    the serving stack, a flood with random lengths measured 6/94 after such a tail)."""
+    scheduler = make_scheduler(max_num_batched_tokens=512)
+    scheduler.fair_share = FairShare({"team1": 30, "team2": 70})
+    served_split(scheduler, ["team1", "team2"], steps=100, prompt_len=24, max_tokens=16)
+    while scheduler.waiting or scheduler.running:  # both stop sending; what runs finishes
+        step(scheduler)
+    for _ in range(4):
+        scheduler.add_request(make_request("team1", prompt_len=8, max_tokens=300))
+        scheduler.add_request(make_request("team2", prompt_len=8, max_tokens=4))
+    while scheduler.running or scheduler.waiting:  # all eight start; team1's go on alone
+        step(scheduler)
+    served = served_split(scheduler, ["team1", "team2"], steps=150, prompt_len=24, max_tokens=16)
+    assert abs(served["team1"] / sum(served.values()) - 0.30) <= 0.05, served
+
+
 @pytest.mark.parametrize("with_shares", [True, False])
 def test_preemption_takes_from_the_tenant_above_its_share(with_shares):
     # "small" (20%) fills the engine before "big" (80%) arrives; then the pool runs out as

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 DROP_QUEUED_MIN = 8  # unclaimed requests of an abort from which their messages are taken off the queue
 
+GAP_GRACE = 3.0  # seconds later messages of a request may arrive before a missing one counts as lost
+REDIS_OUTAGE_GRACE = 30.0  # seconds a request waits through Redis being unreachable (a restart)
 ABORT_RETRY_FOR = 600.0  # seconds an abort is retried while Redis is unreachable
 ABORT_RETRY_MAX_DELAY = 2.0  # seconds between two tries, at most
 
@@ -108,6 +110,8 @@ class GenerationStream:
         self._queued: dict[str, QueuedRequest] = {}  # what was enqueued, by request id
         self._epoch: str | None = None  # Redis's epoch when they were (request_queue.epoch)
         self._started: set[str] = set()  # requests a message of which arrived
+        self._redis_down_since: float | None = None  # monotonic time since when Redis is unreachable
+        self._gap_since: dict[str, float] = {}  # request id -> since when a message of it is missing
 
     @property
     def finished(self) -> bool:
@@ -157,6 +161,7 @@ class GenerationStream:
             if message.get("worker"):
                 self._owners[rid] = message["worker"]
             self._held[(rid, message.get("seq", 0))] = message
+            self._check_gap(rid, message.get("seq", 0))
             while (rid, self._next_seq[rid]) in self._held:
                 ready = self._held.pop((rid, self._next_seq[rid]))
                 self._next_seq[rid] += 1
@@ -165,6 +170,17 @@ class GenerationStream:
                 yield ready
                 if rid not in self._unfinished:
                     break
+
+    def _check_gap(self, rid: str, seq: int) -> None:
+        """Raise :class:`WorkerLost` when messages of ``rid`` after a missing one have kept arriving
+        for ``GAP_GRACE`` seconds: the missing one was lost (its worker could not publish it while
+        Redis was down), and the rest would be held for ever."""
+        if seq <= self._next_seq[rid]:
+            self._gap_since.pop(rid, None)
+            return
+        since = self._gap_since.setdefault(rid, time.monotonic())
+        if time.monotonic() - since > GAP_GRACE:
+            raise WorkerLost("Part of this request's output was lost (the request queue restarted); retry the request.")
 
     async def _next_message(self) -> Message:
         while not self._pending:
@@ -175,8 +191,27 @@ class GenerationStream:
             if self._stopped in done:
                 raise ServerStopping("The server is shutting down; retry the request.")
             if not done:
-                await self._check_workers()
+                await self._check_workers_through_outages()
         return self._pending.popleft()
+
+    async def _check_workers_through_outages(self) -> None:
+        """:meth:`_check_workers`, with Redis unreachable for up to ``REDIS_OUTAGE_GRACE`` seconds
+        taken as a restart to wait for, not as the end of the request (the worker keeps running it,
+        and its stream goes on once Redis is back).
+
+        Raises:
+            RedisError: Redis has been unreachable for longer than that.
+        """
+        try:
+            await self._check_workers()
+        except RedisError:
+            now = time.monotonic()
+            if self._redis_down_since is None:
+                self._redis_down_since = now
+            if now - self._redis_down_since > REDIS_OUTAGE_GRACE:
+                raise
+        else:
+            self._redis_down_since = None
 
     async def _check_workers(self) -> None:
         """Raise :class:`WorkerLost` if a request's worker died, if no worker of the model is

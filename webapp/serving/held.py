@@ -63,9 +63,15 @@ def release(redis, model: str, worker_id: str, request_id: str) -> None:
     redis.register_script(RELEASE_SCRIPT)(keys=[held_key(model)], args=[request_id, worker_id])
 
 
-# KEYS: the claim, the held hash; ARGV: this worker's id, the request id, ABORTED.
+# KEYS: the claim, the held hash; ARGV: this worker's id, the request id, ABORTED, the claim's TTL (s).
+# A claim that is gone (Redis lost its data) is taken: the request's web process enqueued a copy,
+# which then finds it claimed and is dropped.
 SETTLE_SCRIPT = """
 local claim = redis.call('GET', KEYS[1])
+if claim == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
+  claim = ARGV[1]
+end
 if claim == ARGV[1] then
   redis.call('HDEL', KEYS[2], ARGV[2])
   return 1
@@ -114,7 +120,8 @@ def settle(redis, model: str, worker_id: str, request_id: str, client=None):
     worker's to run), 0 if another worker took it over (this one must drop it). With ``client``
     (a pipeline), the result comes from its ``execute``."""
     return redis.register_script(SETTLE_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
-                                                args=[worker_id, request_id, registry.ABORTED], client=client)
+                                                args=[worker_id, request_id, registry.ABORTED, registry.CLAIM_TTL],
+                                                client=client)
 
 
 def abort_held(redis, model: str, request_id: str, client=None):

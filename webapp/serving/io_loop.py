@@ -214,8 +214,7 @@ class WorkerIO(threading.Thread):
                 continue
             message["seq"] = self._seq.get(rid, 0)
             self._seq[rid] = message["seq"] + 1
-            if message["seq"] == 0:  # who runs it, for the client's aborts and checks (its claim may be lost)
-                message["worker"] = self.worker_id
+            message["worker"] = self.worker_id  # who runs it, for the client's aborts and checks (a claim can be lost)
             items.append((channel, message))
             if is_final(message):
                 del self._routes[rid]

@@ -10,7 +10,7 @@ A *delta* message carries what one engine request produced since the previous me
 (plain lists, so msgpack and JSON carry them unchanged). An *error* message
 ``{"type": "error", "rid", "seq", "status", "message", "param"}`` ends the request.
 ``seq`` counts the messages of one engine request from 0, so the receiver can check order;
-the first (``seq`` 0) also names the ``worker`` that runs the request.
+``worker`` names the worker that runs the request.
 """
 from __future__ import annotations
 
