@@ -1,9 +1,12 @@
-"""Moving requests between the web processes and the engine workers (Celery, Redis, Channels).
+"""Moving requests between the web processes and the engine workers (Redis, Channels; Celery hosts the workers).
 
 Web side: :mod:`.client` (enqueue, stream back, watch the worker, abort), :mod:`.replies`
 (one reader per process that hands the workers' messages to their streams).
 Worker side: :mod:`.runtime` (one engine per worker; its parts :mod:`.model_lifecycle`,
-:mod:`.command_loop`, :mod:`.admission`, :mod:`.heartbeat_info`), :mod:`.engine_loop` (the step
-loop, no I/O), :mod:`.io_loop` (Redis I/O: publish deltas in bulk, receive aborts,
-heartbeats). Shared: :mod:`.messages` (wire format), :mod:`.registry` (Redis keys).
+:mod:`.command_loop`, :mod:`.heartbeat_info`), :mod:`.dispatcher` (takes requests from the queues
+into the engine by the tenants' shares), :mod:`.engine_loop` (the step loop, no I/O),
+:mod:`.io_loop` (Redis I/O: publish deltas in bulk, receive aborts, heartbeats), :mod:`.held`
+(requests taken but not started, requeued when their worker dies), :mod:`.fair_charges`.
+Shared: :mod:`.request_queue` (the queues, the request message and the share-aware dequeue),
+:mod:`.messages` (the reply wire format), :mod:`.registry` (Redis keys of workers and claims).
 """
