@@ -2,7 +2,7 @@
 share chart (against the tenant's GPU share).
 
 The counts are the ones the workers' dequeue charges the tenants' virtual token counters with
-(``served:<tenant>`` of ``tessera:fair:<model>``, :mod:`webapp.serving.fair_charges`): prompt
+(``served:<tenant>`` of ``tessera:fair:<model>``, :mod:`webapp.serving.ledger`): prompt
 tokens at a request's first output, then every output token. A share is the tenant's
 increase over ``WINDOW`` seconds divided by every tenant's (requests of no tenant included).
 """

@@ -6,7 +6,8 @@ Worker side: :mod:`.runtime` (one engine per worker; its parts :mod:`.model_life
 :mod:`.command_loop`, :mod:`.heartbeat_info`), :mod:`.dispatcher` (takes requests from the queues
 into the engine by the tenants' shares), :mod:`.engine_loop` (the step loop, no I/O),
 :mod:`.io_loop` (Redis I/O: publish deltas in bulk, receive aborts, heartbeats), :mod:`.held`
-(requests taken but not started, requeued when their worker dies), :mod:`.fair_charges`.
+(requests taken but not started, requeued when their worker dies), :mod:`.ledger` (what a
+worker knows of each request it took, until it ends).
 Shared: :mod:`.request_queue` (the queues, the request message and the share-aware dequeue),
 :mod:`.messages` (the reply wire format), :mod:`.registry` (Redis keys of workers and claims).
 """

@@ -29,7 +29,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from . import held, registry
-from .messages import Message, is_final
+from .messages import Abort, Message, is_final
 from .replies import reply_router
 from .request_queue import QueuedRequest, drop_queued, enqueue, epoch
 
@@ -334,7 +334,7 @@ class GenerationStream:
         for worker_id, owned in by_worker.items():
             info = await registry.worker_info(redis, worker_id)
             if info and info.get("control"):
-                await self.layer.send(info["control"], {"type": "abort", "rids": owned})
+                await self.layer.send(info["control"], Abort(tuple(owned)).encode())
 
 
 _aborts_in_flight: set[asyncio.Future] = set()

@@ -63,7 +63,7 @@ class Dispatcher(threading.Thread):
         worker_id: this worker's id (its claims and held records).
         loop: the engine loop; a place in it is taken (:meth:`EngineLoop.acquire_slot`) before each
             request, and given back when the request ends.
-        io: the worker's I/O thread: routes, held records to settle and charges of the requests.
+        io: the worker's I/O thread, whose ledger (:mod:`.ledger`) takes each request.
     """
 
     def __init__(self, redis_url: str, model: str, worker_id: str, loop: EngineLoop, io: WorkerIO) -> None:
@@ -116,9 +116,7 @@ class Dispatcher(threading.Thread):
         if taken.status != CLAIMED:  # its client left before any worker took it, or another worker has it
             self.loop.release_slot()
             return
-        self.io.add_route(request.rid, request.reply)
-        self.io.expect_start(request.rid, self.model)  # its first message (even an error) settles the held record
-        self.io.charges.open(request.rid, self.model, request.tenant, taken.charge, request.cost)
+        self.io.ledger.open(request, taken.charge)  # its first message (even an error) settles the held record
         try:
             params = SamplingParams(**request.params)
         except (TypeError, ValueError) as error:

@@ -25,8 +25,8 @@ from typing import Any, Callable
 from channels_redis.core import RedisChannelLayer
 
 from . import held, registry
-from .fair_charges import FairCharges
-from .messages import coalesce, encode_output, error_message, is_final
+from .ledger import RequestLedger
+from .messages import Abort, coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .recent_stats import RecentStats
 from .stat_logger import LOG_INTERVAL, StatLogger
@@ -65,10 +65,7 @@ class WorkerIO(threading.Thread):
         self._on_abort = on_abort
         self._on_shares = on_shares
         self._shares: TenantShares | None = None
-        self._routes: dict[str, str] = {}  # request id -> reply channel
-        self._unstarted: dict[str, str] = {}  # request id -> model, while its held record stands
-        self._seq: dict[str, int] = {}
-        self.charges = FairCharges()  # what each request cost its tenant's shared counter
+        self.ledger = RequestLedger()  # the requests this worker took, until they end
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue | None = None
         self._ready = threading.Event()
@@ -82,22 +79,10 @@ class WorkerIO(threading.Thread):
             if not self.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the worker's I/O thread did not start (is Redis reachable?)")
 
-    def add_route(self, request_id: str, reply_channel: str) -> None:
-        """Route the outputs of ``request_id`` to ``reply_channel`` (before it is submitted)."""
-        self._routes[request_id] = reply_channel
-
-    def expect_start(self, request_id: str, model: str) -> None:
-        """``request_id`` is held (:func:`.held.hold`) and claimed by this worker: settle its
-        record before anything of it is published (call before submitting it)."""
-        self._unstarted[request_id] = model
-
     def forget(self, request_id: str) -> None:
         """``request_id`` left this worker before it started (given back to the queue): publish
         nothing of it, and do not settle its record (the taker of the record did)."""
-        self._unstarted.pop(request_id, None)
-        self._routes.pop(request_id, None)
-        self._seq.pop(request_id, None)
-        self.charges.drop(request_id)
+        self.ledger.leave(request_id)
 
     def publish(self, outputs: list, step_time: float) -> None:
         """Queue one step's outputs for publishing; returns at once (engine loop side)."""
@@ -194,54 +179,57 @@ class WorkerIO(threading.Thread):
                 messages += [(encode_output(out), step_time) for out in value]
             elif kind == "error":
                 messages.append((value, None))
-        lost = await self._settle({m["rid"] for m, _ in messages if m["rid"] in self._unstarted})
+        lost = await self._settle({m["rid"] for m, _ in messages})
         if lost:
             messages = [(m, t) for m, t in messages if m["rid"] not in lost]
-            for rid in lost:
-                self.charges.drop(rid)
         for message, step_time in messages:
             if message["type"] == "delta":
                 self._observe(message, step_time)
-                self.charges.on_delta(message["rid"], message["num_prompt_tokens"],
+                self.ledger.on_output(message["rid"], message["num_prompt_tokens"],
                                       sum(len(o["token_ids"]) for o in message["outputs"]))
-            if is_final(message):
-                self.charges.close(message["rid"])
-        items, cleanup = [], self.charges.commands()
+        items, cleanup = [], []
         for message in coalesce([m for m, _ in messages]):
             rid = message["rid"]
-            channel = self._routes.get(rid)
-            if channel is None:  # the client left: nobody listens any more
+            route = self.ledger.next_message(rid)
+            if route is None:  # the client left, or it is not this worker's: nobody listens
                 continue
-            message["seq"] = self._seq.get(rid, 0)
-            self._seq[rid] = message["seq"] + 1
+            channel, message["seq"] = route
             message["worker"] = self.worker_id  # who runs it, for the client's aborts and checks (a claim can be lost)
             items.append((channel, message))
             if is_final(message):
-                del self._routes[rid]
-                self._seq.pop(rid, None)
-                # Kept a while, not deleted: a redelivered copy of the message must find it claimed.
+                self.ledger.end(rid)
+                # Kept a while, not deleted: a copy enqueued again (Redis lost its data) must find it claimed.
                 cleanup.append(("expire", (registry.claim_key(rid), registry.CLAIM_DONE_TTL), {}))
+        cleanup += self.ledger.counter_commands()
         if items or cleanup:
             await bulk_send(self.layer, items, cleanup)
 
     async def _settle(self, request_ids: set[str], aborted: bool = False) -> set[str]:
-        """Remove the held records of requests about to publish their first message; returns
-        those another worker took over or their clients aborted (their claims no longer name this
-        worker): they are aborted here and nothing of them is published. ``aborted``: the
-        requests' clients left (an abort message), so losing them is expected and not logged."""
-        if not request_ids:
+        """Remove the held records of those of ``request_ids`` still held (about to publish their
+        first message); returns those another worker took over or their clients aborted (their
+        claims no longer name this worker): they are aborted here and nothing of them is
+        published. ``aborted``: the requests' clients left (an abort message), so losing them is
+        expected and not logged.
+
+        Raises:
+            RedisError: Redis could not be reached (the records stand; the next message tries again).
+        """
+        holding = self.ledger.held(request_ids)
+        if not holding:
             return set()
-        rids = sorted(request_ids)
+        rids = sorted(holding)
         pipe = self.layer.connection(0).pipeline(transaction=False)
         for rid in rids:
-            await held.settle(pipe, self._unstarted.pop(rid), self.worker_id, rid, client=pipe)
+            await held.settle(pipe, holding[rid], self.worker_id, rid, client=pipe)
         lost = {rid for rid, mine in zip(rids, await pipe.execute()) if not mine}
+        for rid in rids:
+            if rid in lost and not aborted:
+                self.ledger.leave(rid)
+            else:
+                self.ledger.settled(rid)
         if lost and not aborted:
             logger.warning("requests %s were taken over by another worker, or aborted by their clients, before "
                            "they started here; dropped", sorted(lost))
-            for rid in lost:
-                self._routes.pop(rid, None)
-                self._seq.pop(rid, None)
             self._on_abort(sorted(lost))
         return lost
 
@@ -272,16 +260,15 @@ class WorkerIO(threading.Thread):
             if failing:
                 logger.info("receiving aborts again")
                 failing = False
-            if message.get("type") == "abort":
-                rids = list(message.get("rids", ()))
+            abort = Abort.decode(message)
+            if abort is not None:
+                rids = list(abort.rids)
                 for rid in rids:
-                    self._routes.pop(rid, None)
-                    self._seq.pop(rid, None)
+                    self.ledger.end(rid)
                     self.metrics.forget(rid)
-                    self.charges.close(rid)
                 self._on_abort(rids)
                 try:  # aborted before it started: its held record goes (nothing is published for it)
-                    await self._settle({rid for rid in rids if rid in self._unstarted}, aborted=True)
+                    await self._settle(set(rids), aborted=True)
                 except Exception:
                     logger.exception("removing the held records of aborted requests failed")
 
@@ -306,7 +293,8 @@ class WorkerIO(threading.Thread):
     async def _heartbeat_once(self) -> None:
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         info["recent"] = self.recent.sample(info["stats"])
-        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info) + self.charges.commands())
+        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info)
+                        + self.ledger.counter_commands())
         await self._push_counters(info)
         self._log_stats(info)
         if self._on_shares is not None:

@@ -1,4 +1,5 @@
-"""Wire format of what workers send back on a request's reply channel, and coalescing.
+"""Wire format of what workers send back on a request's reply channel, the abort the web sends a
+worker, and coalescing. (The request itself, web to worker, is :class:`.request_queue.QueuedRequest`.)
 
 A *delta* message carries what one engine request produced since the previous message:
 
@@ -10,16 +11,74 @@ A *delta* message carries what one engine request produced since the previous me
 (plain lists, so msgpack and JSON carry them unchanged). An *error* message
 ``{"type": "error", "rid", "seq", "status", "message", "param"}`` ends the request.
 ``seq`` counts the messages of one engine request from 0, so the receiver can check order;
-``worker`` names the worker that runs the request.
+``worker`` names the worker that runs the request. An :class:`Abort` goes the other way, on the
+worker's control channel.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from inference.outputs import RequestOutput
 
-Message = dict[str, Any]
+
+class Output(TypedDict):
+    """One sample's part of a delta."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class Delta(TypedDict):
+    """What one engine request produced since its previous message."""
+
+    type: Literal["delta"]
+    rid: str
+    finished: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    prompt_logprobs: list | None
+    metrics: dict[str, Any]
+    outputs: list[Output]
+    seq: NotRequired[int]  # set when published
+    worker: NotRequired[str]
+
+
+class Error(TypedDict):
+    """Ends an engine request with an error (HTTP ``status``)."""
+
+    type: Literal["error"]
+    rid: str
+    status: int
+    message: str
+    param: str | None
+    seq: NotRequired[int]
+    worker: NotRequired[str]
+
+
+Message = Delta | Error
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Web to worker, on the worker's control channel: the clients of ``rids`` left."""
+
+    rids: tuple[str, ...]
+
+    def encode(self) -> dict[str, Any]:
+        return {"type": "abort", "rids": list(self.rids)}
+
+    @classmethod
+    def decode(cls, message: dict[str, Any]) -> Abort | None:
+        """The abort in a control-channel message, None for any other message."""
+        if message.get("type") != "abort":
+            return None
+        return cls(tuple(str(rid) for rid in message.get("rids", ())))
 
 
 def _encode_positions(positions: list[dict] | None) -> list | None:
@@ -32,7 +91,7 @@ def _encode_positions(positions: list[dict] | None) -> list | None:
     ]
 
 
-def encode_output(out: RequestOutput) -> Message:
+def encode_output(out: RequestOutput) -> Delta:
     """A delta message (without ``seq``) from one ``RequestOutput`` delta of ``LLMEngine.step``."""
     return {
         "type": "delta",
@@ -56,7 +115,7 @@ def encode_output(out: RequestOutput) -> Message:
     }
 
 
-def error_message(rid: str, status: int, message: str, param: str | None = None) -> Message:
+def error_message(rid: str, status: int, message: str, param: str | None = None) -> Error:
     """A message that ends request ``rid`` with an error (HTTP ``status``)."""
     return {"type": "error", "rid": rid, "status": status, "message": message, "param": param}
 

@@ -33,7 +33,7 @@ model so that the shares hold in aggregate, not per worker:
   :data:`inference.core.fair_share.MIN_SHARE`); the virtual time moves to the counter the
   tenant had (its start tag);
 * when the request ends, the worker corrects the charge to the tokens it really cost
-  (:class:`.fair_charges.FairCharges`); a request given back to the queue is refunded.
+  (:class:`.ledger.RequestLedger`); a request given back to the queue is refunded.
 
 Taking a request and recording it as held by the taking worker (:mod:`.held`) are one step,
 so a request is always in a queue, held by a worker, or started: a worker that dies while

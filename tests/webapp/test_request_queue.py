@@ -1,0 +1,133 @@
+"""The share-aware dequeue on a real redis-server (``webapp.serving.request_queue``), and a worker's
+request ledger (``webapp.serving.ledger``): which tenant's request a worker takes next, what that
+charges, what a give-back refunds, and what a request's end corrects."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from webapp import launcher
+from webapp.serving import held, request_queue
+from webapp.serving.ledger import RequestLedger
+from webapp.serving.request_queue import ABORTED_BEFORE, CLAIMED, TAKEN, QueuedRequest
+from webapp.serving.tenant_shares import SHARES_KEY, encode_share
+
+MODEL = "m"
+
+
+@pytest.fixture()
+def server(tmp_path):
+    child, url = launcher.start_redis(log_path=str(tmp_path / "redis.log"))
+    client = redis.Redis.from_url(url)
+    client.hset(SHARES_KEY, mapping={"low": encode_share(30, 0), "high": encode_share(70, 0)})
+    yield client, url
+    child.stop()
+
+
+def request(rid: str, tenant: str | None, prompt: int = 10, max_tokens: int = 90, n: int = 1) -> QueuedRequest:
+    return QueuedRequest(rid, "reply", MODEL, [1] * prompt, {"max_tokens": max_tokens, "n": n}, 0.0, tenant)
+
+
+def enqueue(url: str, requests: list[QueuedRequest]) -> None:
+    async def run() -> None:
+        client = aioredis.Redis.from_url(url)
+        try:
+            await request_queue.enqueue(client, MODEL, requests)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def take_all(client, count: int, worker: str = "w1") -> list[str]:
+    return [request_queue.take(client, MODEL, worker).request.tenant for _ in range(count)]
+
+
+def test_two_flooding_tenants_are_taken_in_their_shares(server):
+    client, url = server
+    enqueue(url, [request(f"{t}{i}", t) for i in range(50) for t in ("low", "high")])
+    taken = take_all(client, 50)
+    assert taken.count("low") == 15  # 30% of the takes, evenly spread
+    assert taken[:10].count("low") == 3
+    # Each take was claimed for the worker and recorded as held by it, in the same step.
+    assert client.hlen(held.held_key(MODEL)) == 50
+    assert client.get("tessera:claim:low0") == b"w1"
+
+
+def test_a_tenant_alone_takes_everything_and_earns_no_credit_for_it(server):
+    client, url = server
+    enqueue(url, [request(f"high{i}", "high") for i in range(40)])
+    assert take_all(client, 40) == ["high"] * 40  # work-conserving
+    # low was idle all along: when both flood now, low gets its 30% from the start, not a burst.
+    enqueue(url, [request(f"{t}x{i}", t) for i in range(20) for t in ("low", "high")])
+    assert take_all(client, 20).count("low") == 6
+
+
+def test_the_charge_is_the_prompt_plus_n_times_max_tokens_over_the_share(server):
+    client, url = server
+    enqueue(url, [request("a", "low", prompt=10, max_tokens=20, n=3)])
+    taken = request_queue.take(client, MODEL, "w1")
+    assert taken.status == CLAIMED and taken.request.cost == 70
+    assert taken.charge == pytest.approx(70 / 30)
+
+
+def test_a_request_given_back_goes_first_and_is_refunded(server):
+    client, url = server
+    enqueue(url, [request(f"low{i}", "low") for i in range(3)])
+    first = request_queue.take(client, MODEL, "w1")
+    before = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    record = held.take(client, MODEL, "w1", first.request.rid)
+    request_queue.requeue(client, MODEL, record["payload"], "low", record["charge"])
+    after = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    assert after == pytest.approx(before - first.charge)
+    assert request_queue.take(client, MODEL, "w2").request.rid == first.request.rid  # next in line, not last
+
+
+def test_aborted_and_already_claimed_requests_are_not_taken_to_run(server):
+    client, url = server
+    enqueue(url, [request("gone", "low"), request("other", "low")])
+    client.set("tessera:claim:gone", "aborted")
+    client.set("tessera:claim:other", "w9")
+    assert request_queue.take(client, MODEL, "w1").status == ABORTED_BEFORE
+    assert request_queue.take(client, MODEL, "w1").status == TAKEN
+    assert client.hlen(held.held_key(MODEL)) == 0 and request_queue.take(client, MODEL, "w1") is None
+
+
+def test_next_tenant_and_taking_from_one_tenant_only(server):
+    client, url = server
+    enqueue(url, [request("l", "low"), request("h", "high"), request("none", None)])
+    found, tenant = request_queue.next_tenant(client, MODEL)
+    assert found and tenant in ("low", "high", None)
+    assert request_queue.take(client, MODEL, "w1", "high", only_tenant=True).request.rid == "h"
+    assert request_queue.take(client, MODEL, "w1", "high", only_tenant=True) is None
+
+
+def test_the_ledger_corrects_a_charge_to_what_the_request_used():
+    ledger = RequestLedger()
+    ledger.open(request("r", "low", prompt=10, max_tokens=90), charge=100 / 30)  # cost 100 tokens
+    assert ledger.held(["r", "x"]) == {"r": MODEL}
+    ledger.settled("r")
+    ledger.on_output("r", num_prompt_tokens=10, num_new_tokens=1)
+    assert ledger.next_message("r") == ("reply", 0)
+    ledger.on_output("r", num_prompt_tokens=10, num_new_tokens=9)  # stops after 10 of its 90 tokens
+    assert ledger.next_message("r") == ("reply", 1)
+    ledger.end("r")
+    assert ledger.next_message("r") is None  # nothing more goes out
+    commands = dict(((m, a[1]), a[2]) for m, a, _ in ledger.counter_commands())
+    assert commands[("hincrbyfloat", "c:low")] == pytest.approx((20 - 100) / 30)  # 80 unused tokens back
+    assert commands[("hincrby", "served:low")] == 20
+    assert ledger.counter_commands() == []
+
+
+def test_a_held_request_aborted_is_refunded_whole_and_forgotten_once_settled():
+    ledger = RequestLedger()
+    ledger.open(request("r", "high", prompt=10, max_tokens=60), charge=70 / 70)
+    ledger.end("r")  # its client left before it started
+    assert "r" in ledger and ledger.held(["r"])  # its held record still has to go
+    ledger.settled("r")
+    assert "r" not in ledger
+    (command,) = ledger.counter_commands()
+    assert command[0] == "hincrbyfloat" and command[1][2] == pytest.approx(-1.0)

@@ -1,0 +1,121 @@
+"""One worker's requests from the moment it takes them off a queue until they end: the one owner
+of what the worker knows of each (where its messages go and their sequence numbers, whether its
+held record still stands, and what it cost its tenant's virtual token counter).
+
+A request's life on a worker, as the ledger records it:
+
+* **held**: taken, claimed and recorded as held (:func:`.request_queue.take`), waiting in the
+  engine's backlog; its first message (an output or an error) settles the held record
+  (:func:`.held.settle`), or another worker took it over (it is then *lost* here);
+* **running**: its first message went out; its messages go to its reply channel, numbered;
+* it **ends**: finished, failed, or its client left (an abort). Its charge is then corrected to
+  the tokens it really cost, and nothing more of it is published. A request given back to the
+  queue (displaced, or the worker stops taking) or lost to another worker leaves without a
+  correction: the give-back refunded its charge, the other worker charged its own.
+
+Charges: the dequeue charges a tenant's shared counter with what a request *may* cost (its prompt
+plus ``n`` × ``max_tokens``); the ledger counts what it cost as its messages go out (its prompt at
+the first output, then every output token) and, at its end, adds the difference, so that a
+request that stopped early gives back what it did not use. The same counts feed
+``served:<tenant>`` of ``tessera:fair:<model>``, which the dashboard's share chart reads.
+
+Threads: the dispatcher calls :meth:`RequestLedger.open`; everything else runs on the worker's
+I/O thread. An entry is added whole, in one dict assignment (atomic under the GIL).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .request_queue import QueuedRequest, fair_key
+
+
+@dataclass
+class Entry:
+    """What the worker knows of one request it took (see the module docstring)."""
+
+    model: str
+    reply: str | None  # its reply channel; None once it ended (nothing more is published)
+    held: bool  # its held record stands (not started yet)
+    tenant: str  # '' for no tenant
+    charge: float  # virtual tokens the dequeue added to its tenant's counter
+    cost: int  # tokens the dequeue assumed it would cost
+    seq: int = 0  # number of the next message to its client
+    used: int = 0  # tokens counted so far
+    started: bool = False  # its prompt was counted (first output)
+
+
+class RequestLedger:
+    """The requests one worker took and has not forgotten yet, and the counter increments to write."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        self._counters: dict[tuple[str, str], float] = defaultdict(float)
+        self._served: dict[tuple[str, str], int] = defaultdict(int)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._entries
+
+    def open(self, request: QueuedRequest, charge: float) -> None:
+        """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens."""
+        self._entries[request.rid] = Entry(request.model, request.reply, True, request.tenant or "", charge,
+                                           request.cost)
+
+    def held(self, rids) -> dict[str, str]:
+        """Request id -> model, of those of ``rids`` whose held record still stands."""
+        return {rid: e.model for rid in rids if (e := self._entries.get(rid)) is not None and e.held}
+
+    def settled(self, rid: str) -> None:
+        """Its held record is gone: it started here (or its client aborted it before)."""
+        entry = self._entries.get(rid)
+        if entry is not None:
+            entry.held = False
+            if entry.reply is None:
+                del self._entries[rid]
+
+    def leave(self, rid: str) -> None:
+        """It left this worker without ending: given back to the queue, or taken over by another worker."""
+        self._entries.pop(rid, None)
+
+    def on_output(self, rid: str, num_prompt_tokens: int, num_new_tokens: int) -> None:
+        """An output of ``rid`` with ``num_new_tokens`` tokens goes out (its prompt counts at the first)."""
+        entry = self._entries.get(rid)
+        if entry is None or entry.reply is None:
+            return
+        tokens = num_new_tokens + (0 if entry.started else num_prompt_tokens)
+        entry.started = True
+        entry.used += tokens
+        self._served[(entry.model, entry.tenant)] += tokens
+
+    def next_message(self, rid: str) -> tuple[str, int] | None:
+        """``(reply channel, seq)`` of the next message of ``rid`` to publish, or None when nothing
+        more of it goes out (its client left, it ended, or it is not this worker's)."""
+        entry = self._entries.get(rid)
+        if entry is None or entry.reply is None:
+            return None
+        entry.seq += 1
+        return entry.reply, entry.seq - 1
+
+    def end(self, rid: str) -> None:
+        """``rid`` ended (finished, failed, or its client left): correct its tenant's counter to what
+        it used, and publish nothing more of it."""
+        entry = self._entries.get(rid)
+        if entry is None or entry.reply is None:
+            return
+        self._counters[(entry.model, entry.tenant)] += (entry.used - entry.cost) * entry.charge / max(1, entry.cost)
+        entry.reply = None
+        if not entry.held:
+            del self._entries[rid]
+
+    def counter_commands(self) -> list[tuple[str, tuple, dict]]:
+        """The Redis commands ``(method, args, kwargs)`` that write the counter increments gathered
+        since the last call (for a pipeline); they are then forgotten here."""
+        commands: list[tuple[str, tuple, dict]] = []
+        for (model, tenant), amount in self._counters.items():
+            if amount:
+                commands.append(("hincrbyfloat", (fair_key(model), f"c:{tenant}", amount), {}))
+        for (model, tenant), tokens in self._served.items():
+            commands.append(("hincrby", (fair_key(model), f"served:{tenant}", tokens), {}))
+        self._counters.clear()
+        self._served.clear()
+        return commands
