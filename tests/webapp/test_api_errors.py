@@ -101,6 +101,13 @@ def test_lone_surrogates_are_a_400_naming_the_field(stack, path, raw, field):
     assert error["param"] == field and "surrogate" in error["message"], error
 
 
+def test_a_body_that_is_not_utf8_is_a_400(stack):
+    """JSON over HTTP is UTF-8: a body in UTF-16 (json.loads alone would take it) is refused."""
+    raw = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode("utf-16")
+    error = _error(http("POST", stack.base_url + "/v1/completions", raw), 400)
+    assert error["code"] == "invalid_json", error
+
+
 def test_surrogate_pairs_are_text(stack):
     body = b'{"prompt": "\\ud83d\\ude00", "max_tokens": 1}'  # one emoji, written as a pair of escapes
     status, _, raw = http("POST", stack.base_url + "/v1/completions", body)

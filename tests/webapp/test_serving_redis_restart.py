@@ -121,3 +121,46 @@ def test_errors_while_redis_is_down_do_not_show_its_address(stack):
         assert "unreachable" in message and "127.0.0.1" not in message and str(_port(s)) not in message, message
     finally:
         _redis_up(s)
+
+
+def test_streams_through_a_short_outage_end_complete_or_with_an_error_never_short(stack):
+    """Streams run while Redis dies and comes back empty a second later. Each ends either complete
+    (all its tokens, the same text as without the outage) or with an error event, never as a
+    success with tokens missing (the worker used to drop the outputs it could not publish)."""
+    s = stack
+    prompts = ["The capital of France is", "Water boils at"]
+    body = {"model": MODEL, "max_tokens": 16, "ignore_eos": True, "temperature": 0}
+    _wait(lambda: _running(s) == 0, 60, "the worker is not back after the previous test")
+    reference = {}
+    for prompt in prompts:
+        status, _, raw = http("POST", s.base_url + "/v1/completions", dict(body, prompt=prompt), None, 120)
+        assert status == 200, raw
+        reference[prompt] = json.loads(raw)["choices"][0]["text"]
+
+    async def one(prompt: str) -> tuple[str, str, dict | None, dict | None]:
+        streamed = dict(body, prompt=prompt, stream=True, stream_options={"include_usage": True})
+        reader, writer, status = await open_stream(s.base_url, "/v1/completions", streamed)
+        assert status == 200
+        events = await asyncio.wait_for(read_events(reader), 180)
+        writer.close()
+        assert events[-1] == "[DONE]", events[-3:]
+        chunks = [json.loads(e) for e in events[:-1]]
+        error = next((c["error"] for c in chunks if "error" in c), None)
+        usage = next((c["usage"] for c in chunks if c.get("usage")), None)
+        return prompt, "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")), usage, error
+
+    async def run() -> list:
+        streams = [asyncio.ensure_future(one(prompts[i % 2])) for i in range(6)]
+        await asyncio.sleep(0.5)
+        _redis_down(s)
+        await asyncio.sleep(1.0)
+        _redis_up(s)
+        return await asyncio.gather(*streams)
+
+    results = asyncio.run(run())
+    for prompt, text, usage, error in results:
+        if error is None:
+            assert usage["completion_tokens"] == 16 and text == reference[prompt], (prompt, text, usage)
+        else:
+            assert error["code"] == "service_unavailable" and "127.0.0.1" not in error["message"], error
+    assert sum(error is None for _, _, _, error in results) >= 3, results  # most go on unharmed

@@ -33,8 +33,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     Raises:
         APIError: 400 when the body is not JSON or not an object.
     """
-    try:
-        body = json.loads(raw or b"")
+    try:  # UTF-8 only, as JSON over HTTP is (json.loads would also take UTF-16 and UTF-32 bytes)
+        body = json.loads((raw or b"").decode("utf-8-sig", "surrogatepass"))
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"The request body is not valid JSON: {error}", code="invalid_json") from None
     except RecursionError:

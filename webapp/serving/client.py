@@ -135,7 +135,9 @@ class GenerationStream:
         requests = [QueuedRequest(r.rid, self.reply, self.model, r.prompt_token_ids, r.params, now, r.tenant,
                                   r.priority, r.cache_salt) for r in self.requests]
         self._queued = {r.rid: r for r in requests}
-        self._queues, self._epoch = await enqueue(get_redis(), self.model, requests)
+        self._queues, self._epoch, began = await enqueue(get_redis(), self.model, requests)
+        if began:  # Redis is new or lost its data: the workers need the tenants' shares again
+            republish_shares()
 
     def _deliver(self, messages: list[Message]) -> None:
         self._pending.extend(messages)
@@ -252,7 +254,9 @@ class GenerationStream:
                 if owner is None and rid not in self._started and rid in self._queued]
         logger.warning("Redis lost its data (a restart?); enqueueing %d requests of this stream again", len(lost))
         if lost:
-            _, now = await enqueue(redis, self.model, lost)
+            _, now, began = await enqueue(redis, self.model, lost)
+            if began:
+                republish_shares()
         self._epoch = now
 
     def _no_worker(self) -> None:
@@ -338,6 +342,19 @@ class GenerationStream:
 
 
 _aborts_in_flight: set[asyncio.Future] = set()
+
+
+def republish_shares() -> None:
+    """Write the tenants' GPU shares to Redis again, in the background (from the database; for a
+    Redis that lost them in a restart). Returns at once."""
+    from asgiref.sync import sync_to_async  # noqa: PLC0415
+
+    from tenants.shares import publish  # noqa: PLC0415 (the tenants app imports the serving layer)
+
+    task = asyncio.ensure_future(sync_to_async(publish, thread_sensitive=False)())
+    _aborts_in_flight.add(task)  # kept referenced until done
+    task.add_done_callback(_aborts_in_flight.discard)
+    task.add_done_callback(_retrieve)
 
 
 def _raise_if_cancelled(task: asyncio.Task | None) -> None:

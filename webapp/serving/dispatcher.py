@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from inference.sampling_params import SamplingParams
 
-from . import held, request_queue
+from . import held, registry, request_queue
 from .engine_loop import EngineLoop, EngineRequest
 from .io_loop import WorkerIO
 from .request_queue import CLAIMED, QueuedRequest, Taken
@@ -49,7 +49,7 @@ def give_back(client: redis.Redis, model: str, record: dict) -> None:
     refund its charge; a record whose client aborted it is only refunded."""
     request = QueuedRequest.decode(record["payload"])
     if record.get("aborted"):
-        client.hincrbyfloat(request_queue.fair_key(model), f"c:{request.tenant or ''}", -float(record["charge"]))
+        request_queue.refund(client, model, request.tenant, float(record["charge"]))
     else:
         request_queue.requeue(client, model, record["payload"], request.tenant, float(record["charge"]))
 
@@ -116,6 +116,13 @@ class Dispatcher(threading.Thread):
         if taken.status != CLAIMED:  # its client left before any worker took it, or another worker has it
             self.loop.release_slot()
             return
+        running = self.io.ledger.get(request.rid)
+        if running is not None:  # a copy of one this worker has (enqueued again after Redis lost its data)
+            self.loop.release_slot()
+            request_queue.refund(self._redis, self.model, request.tenant, taken.charge)
+            if not running.held:  # its held record, written by the take, must not outlive it
+                held.release(self._redis, self.model, self.worker_id, request.rid)
+            return
         self.io.ledger.open(request, taken.charge)  # its first message (even an error) settles the held record
         try:
             params = SamplingParams(**request.params)
@@ -151,6 +158,10 @@ class Dispatcher(threading.Thread):
         """Put a backlogged request that the engine dropped unstarted back on the queue (its claim
         becomes ``requeued``; its client keeps waiting)."""
         record = held.take(self._redis, self.model, self.worker_id, request_id)
+        entry = self.io.ledger.get(request_id)
+        if record is None and entry is not None and self._redis.get(registry.claim_key(request_id)) in (
+                None, self.worker_id.encode()):  # Redis lost its record (a restart): the ledger has it
+            record = {"payload": entry.request.encode(), "charge": entry.charge}
         if record is not None:
             self.io.forget(request_id)
             give_back(self._redis, self.model, record)

@@ -23,12 +23,14 @@ import time
 from typing import Any, Callable
 
 from channels_redis.core import RedisChannelLayer
+from redis.exceptions import RedisError
 
 from . import held, registry
 from .ledger import RequestLedger
 from .messages import Abort, coalesce, encode_output, error_message, is_final
 from .publish import bulk_send
 from .recent_stats import RecentStats
+from .request_queue import epoch
 from .stat_logger import LOG_INTERVAL, StatLogger
 from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
 from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
@@ -36,6 +38,7 @@ from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 logger = logging.getLogger(__name__)
 
 CONTROL_RETRY = 0.5  # seconds between two tries to receive aborts while Redis is unreachable
+PUBLISH_RETRY = 0.5  # seconds between two tries to publish while Redis is unreachable
 
 
 class WorkerIO(threading.Thread):
@@ -66,6 +69,11 @@ class WorkerIO(threading.Thread):
         self._on_shares = on_shares
         self._shares: TenantShares | None = None
         self.ledger = RequestLedger()  # the requests this worker took, until they end
+        self._carry: list[tuple[str, Any, float | None]] = []  # outputs not published yet (Redis was down)
+        self._unsent: list[tuple[str, dict]] = []  # numbered messages not sent yet (Redis was down)
+        self._unsent_cleanup: list[tuple[str, tuple, dict]] = []
+        self._publish_failing = False
+        self._epoch: str | None = None  # Redis's epoch at the last heartbeat (request_queue.epoch)
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue | None = None
         self._ready = threading.Event()
@@ -157,14 +165,29 @@ class WorkerIO(threading.Thread):
         await finished
 
     async def _publisher(self) -> None:
+        """Publish what the engine loop queued. While Redis is unreachable nothing is lost or
+        skipped: outputs whose held records could not be settled are kept and tried again with
+        the next batch (at least every ``PUBLISH_RETRY`` seconds), and messages that could not be
+        sent are sent first next time (:meth:`_send`), so a stream sees a pause, not a gap."""
         while True:
-            batch = [await self._queue.get()]
+            if self._carry or self._unsent:
+                try:
+                    batch = [await asyncio.wait_for(self._queue.get(), PUBLISH_RETRY)]
+                except asyncio.TimeoutError:
+                    batch = []
+            else:
+                batch = [await self._queue.get()]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            outputs = self._carry + [item for item in batch if item[0] in ("outputs", "error")]
+            self._carry = []
             try:
-                await self._publish(batch)
+                await self._publish(outputs)
+            except (RedisError, OSError) as error:  # settling failed: none of them went out
+                self._carry = outputs
+                self._redis_failing(error)
             except Exception:
-                logger.exception("publishing %d items failed", len(batch))
+                logger.exception("publishing %d items failed", len(outputs))
             for kind, finished, _ in batch:
                 if kind == "end_model":
                     await self._reset_model_metrics()
@@ -201,8 +224,29 @@ class WorkerIO(threading.Thread):
                 # Kept a while, not deleted: a copy enqueued again (Redis lost its data) must find it claimed.
                 cleanup.append(("expire", (registry.claim_key(rid), registry.CLAIM_DONE_TTL), {}))
         cleanup += self.ledger.counter_commands()
-        if items or cleanup:
+        await self._send(items, cleanup)
+
+    async def _send(self, items: list[tuple[str, dict]], cleanup: list[tuple[str, tuple, dict]]) -> None:
+        """Send numbered messages (and Redis commands), after those a failed send kept; when Redis
+        is unreachable, keep them all for the next try."""
+        items, cleanup = self._unsent + items, self._unsent_cleanup + cleanup
+        self._unsent, self._unsent_cleanup = [], []
+        if not items and not cleanup:
+            return
+        try:
             await bulk_send(self.layer, items, cleanup)
+        except (RedisError, OSError) as error:
+            self._unsent, self._unsent_cleanup = items, cleanup
+            self._redis_failing(error)
+            return
+        if self._publish_failing:
+            logger.info("publishing again (%d messages kept while Redis was unreachable)", len(items))
+            self._publish_failing = False
+
+    def _redis_failing(self, error: BaseException) -> None:
+        if not self._publish_failing:
+            logger.warning("publishing failed (%s); keeping the outputs until Redis is back", type(error).__name__)
+        self._publish_failing = True
 
     async def _settle(self, request_ids: set[str], aborted: bool = False) -> set[str]:
         """Remove the held records of those of ``request_ids`` still held (about to publish their
@@ -290,7 +334,20 @@ class WorkerIO(threading.Thread):
         self._deltas = CounterDeltas()
         self._stat_logger.reset()
 
+    async def _restore_if_redis_lost_data(self) -> None:
+        """When Redis lost its data (its epoch changed: a restart without persistence), write
+        again the claims of this worker's requests and the held records of those not started, so
+        that their clients keep waiting for them and no copy of them runs elsewhere."""
+        now = await epoch(self.layer.connection(0))
+        if self._epoch is not None and now != self._epoch:
+            commands = self.ledger.restore_commands(self.worker_id, registry.CLAIM_TTL)
+            if commands:
+                await bulk_send(self.layer, [], commands)
+            logger.warning("Redis lost its data (a restart?); restored the claims of this worker's requests")
+        self._epoch = now
+
     async def _heartbeat_once(self) -> None:
+        await self._restore_if_redis_lost_data()
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         info["recent"] = self.recent.sample(info["stats"])
         await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info)

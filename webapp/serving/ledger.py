@@ -24,9 +24,12 @@ I/O thread. An entry is added whole, in one dict assignment (atomic under the GI
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 
+from .held import held_key
+from .registry import claim_key
 from .request_queue import QueuedRequest, fair_key
 
 
@@ -34,6 +37,7 @@ from .request_queue import QueuedRequest, fair_key
 class Entry:
     """What the worker knows of one request it took (see the module docstring)."""
 
+    request: QueuedRequest  # as taken (to requeue it, or to restore its records after Redis lost them)
     model: str
     reply: str | None  # its reply channel; None once it ended (nothing more is published)
     held: bool  # its held record stands (not started yet)
@@ -58,8 +62,24 @@ class RequestLedger:
 
     def open(self, request: QueuedRequest, charge: float) -> None:
         """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens."""
-        self._entries[request.rid] = Entry(request.model, request.reply, True, request.tenant or "", charge,
-                                           request.cost)
+        self._entries[request.rid] = Entry(request, request.model, request.reply, True, request.tenant or "",
+                                           charge, request.cost)
+
+    def get(self, rid: str) -> Entry | None:
+        return self._entries.get(rid)
+
+    def restore_commands(self, worker_id: str, claim_ttl: int) -> list[tuple[str, tuple, dict]]:
+        """Redis commands that write again, where missing, the claims of this worker's requests and
+        the held records of those not started (after Redis lost its data), for a pipeline."""
+        commands: list[tuple[str, tuple, dict]] = []
+        for rid, entry in list(self._entries.items()):  # the dispatcher may add one meanwhile
+            if entry.reply is None:
+                continue
+            commands.append(("set", (claim_key(rid), worker_id), {"nx": True, "ex": claim_ttl}))
+            if entry.held:
+                record = json.dumps({"worker": worker_id, "payload": entry.request.encode(), "charge": entry.charge})
+                commands.append(("hsetnx", (held_key(entry.model), rid, record), {}))
+        return commands
 
     def held(self, rids) -> dict[str, str]:
         """Request id -> model, of those of ``rids`` whose held record still stands."""

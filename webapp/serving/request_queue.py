@@ -244,9 +244,10 @@ async def epoch(redis) -> str:
     return (await pipe.execute())[1].decode()
 
 
-async def enqueue(redis, model: str, requests: list[QueuedRequest]) -> tuple[list[str], str]:
+async def enqueue(redis, model: str, requests: list[QueuedRequest]) -> tuple[list[str], str, bool]:
     """Put ``requests`` on their tenants' queues of ``model`` (one pipeline) and ring the
-    doorbell; returns the queues used and the epoch they were enqueued in (:func:`epoch`).
+    doorbell; returns the queues used, the epoch they were enqueued in (:func:`epoch`), and
+    whether that epoch began now (Redis was empty: new, or it lost its data).
 
     ``redis``: an asyncio Redis client.
 
@@ -266,7 +267,8 @@ async def enqueue(redis, model: str, requests: list[QueuedRequest]) -> tuple[lis
     pipe.ltrim(doorbell_key(model), 0, DOORBELL_LENGTH - 1)
     pipe.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
     pipe.get(EPOCH_KEY)
-    return list(by_queue), (await pipe.execute())[-1].decode()
+    *_, began, current = await pipe.execute()
+    return list(by_queue), current.decode(), bool(began)
 
 
 CLAIMED, ABORTED_BEFORE, TAKEN = "claimed", "aborted", "taken"
@@ -327,6 +329,17 @@ def requeue(redis, model: str, message: str, tenant: str | None, charge: float) 
     """
     redis.register_script(REQUEUE_SCRIPT)(keys=[queues_key(model), fair_key(model), SHARES_KEY, doorbell_key(model)],
                                           args=[queue_key(model, tenant), tenant or "", message, charge])
+
+
+def refund(redis, model: str, tenant: str | None, charge: float) -> None:
+    """Take ``charge`` (virtual tokens) back from ``tenant``'s counter: a request it was charged
+    for will not run (aborted, or a copy).
+
+    Raises:
+        RedisError: Redis could not be reached.
+    """
+    if charge:
+        redis.hincrbyfloat(fair_key(model), f"c:{tenant or ''}", -charge)
 
 
 def wait_doorbell(redis, model: str, timeout: float) -> None:

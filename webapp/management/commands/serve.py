@@ -2,8 +2,9 @@
 
 Starts a private redis-server (unless ``REDIS_URL`` is set), ``--data-parallel-size``
 engine workers and Daphne; Ctrl-C (or SIGTERM) stops them all. A worker that exits (its
-engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times in
-``RESTART_WINDOW`` seconds. Flags are vLLM's.
+engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times per worker in
+``RESTART_WINDOW`` seconds, and so is the private redis-server (its own ``MAX_RESTARTS``); past
+that, serve stops everything rather than restart in a loop. Flags are vLLM's.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, 
 
 logger = logging.getLogger("tessera.serve")
 
-MAX_RESTARTS = 5  # worker restarts allowed within RESTART_WINDOW seconds before serve gives up
+MAX_RESTARTS = 5  # restarts per worker (and of Redis) allowed within RESTART_WINDOW seconds before serve gives up
 RESTART_WINDOW = 600.0
 
 
@@ -198,15 +199,19 @@ class Command(BaseCommand):
         except RuntimeError as error:
             raise CommandError(f"the server did not start: {error}") from None
         self.stdout.write(self.style.SUCCESS(f"Tessera serves '{name}' at {base_url}/v1 (Ctrl-C stops)"))
-        restarts: list[float] = []
+        restarts: dict[str, list[float]] = {"worker": [], "redis": []}  # a budget each: one's crashes spare the other
         while True:
             for i, child in enumerate(children):
                 if child.alive():
                     continue
-                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW]
-                if child.name not in ("worker", "redis") or len(restarts) >= MAX_RESTARTS:
+                if child.name not in restarts:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
-                restarts.append(time.monotonic())
+                recent = restarts[child.name] = [t for t in restarts[child.name] if time.monotonic() - t < RESTART_WINDOW]
+                limit = MAX_RESTARTS * (options["data_parallel_size"] if child.name == "worker" else 1)
+                if len(recent) >= limit:
+                    raise CommandError(f"{child.name} exited with code {child.proc.returncode}, more than {limit} "
+                                       f"restarts in {RESTART_WINDOW / 60:.0f} minutes; stopping.")
+                recent.append(time.monotonic())
                 if child.name == "redis":
                     children[i] = self._restart_redis(child, redis_url)
                     continue
