@@ -83,7 +83,7 @@ async def _flood(base_url: str, tenant: str, served: list[tuple[str, int]], stop
             writer.close()
 
 
-def _window_share(base_url: str, concurrency: int) -> dict[str, int]:
+def _window_share(base_url: str, concurrency: int, window_tokens: int = WINDOW_TOKENS) -> dict[str, int]:
     """Both tenants keep ``concurrency`` streams each open; the tokens each got in the window (after
     ``WARMUP_TOKENS``, for ``WINDOW_TOKENS``), while both still flood. The clients then leave."""
     async def run() -> dict[str, int]:
@@ -93,7 +93,7 @@ def _window_share(base_url: str, concurrency: int) -> dict[str, int]:
         streams = [asyncio.ensure_future(_flood(base_url, tenant, served, stop))
                    for _ in range(concurrency) for tenant in SHARES]
         deadline = time.monotonic() + 300
-        while sum(n for _, n in served) < WARMUP_TOKENS + WINDOW_TOKENS:
+        while sum(n for _, n in served) < WARMUP_TOKENS + window_tokens:
             assert time.monotonic() < deadline, f"only {sum(n for _, n in served)} tokens served"
             done = [f for f in streams if f.done()]
             assert not done, done[0].exception()
@@ -111,12 +111,12 @@ def _window_share(base_url: str, concurrency: int) -> dict[str, int]:
     return asyncio.run(run())
 
 
-def _assert_30_70(base_url: str, what: str) -> None:
-    window = _window_share(base_url, CONCURRENCY)
+def _assert_30_70(base_url: str, what: str, window_tokens: int = WINDOW_TOKENS) -> None:
+    window = _window_share(base_url, CONCURRENCY, window_tokens)
     total = sum(window.values())
     low = 100 * window["share-low"] / total
     print(f"{what}, served in the window: {window} -> {low:.1f}% / {100 - low:.1f}%")
-    assert total >= WINDOW_TOKENS
+    assert total >= window_tokens
     assert abs(low - 30) <= 5, window
 
 
@@ -236,7 +236,8 @@ def test_two_workers_hold_the_shares_in_aggregate(tmp_path_factory):
             assert time.monotonic() < deadline
             time.sleep(0.2)
         _create_tenants(s)
-        _assert_30_70(s.base_url, "two workers")
+        # Two engines interleave their steps at random: a longer window, as the split's noise is larger.
+        _assert_30_70(s.base_url, "two workers", window_tokens=3 * WINDOW_TOKENS)
         served = {w["id"]: w["stats"]["generation_tokens_total"] for w in s.worker_infos()}
         assert all(tokens > WINDOW_TOKENS / 4 for tokens in served.values()), served  # both served
     finally:
