@@ -6,7 +6,7 @@
 # Run from the repository root. Carried, git-ignored: .gpuserve (wheels the image lacks, redis-server
 # and its libraries; built by benchmarks/gpuserve_pack.sh) and .gpucache/qwen2.5-7b (config + tokenizer, no
 # weights: --load-format dummy). Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json, serve.log.
-# Device call: carry [".gpuserve", ".gpucache/qwen2.5-7b"]; command (session 15):
+# Device call: carry [".gpuserve", ".gpucache/qwen2.5-7b"]; command:
 #   BUDGET=560 ENGINE_FLAGS="--load-format dummy --dtype bfloat16 --max-model-len 2048 \
 #     --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4" bash benchmarks/h200_serving.sh
 #

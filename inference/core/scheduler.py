@@ -40,6 +40,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
         self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
+        self._observed_running = 0  # running requests when the fair share last saw them
         self._rows_ahead: list[int] | None = None  # multi-step: the batch can_schedule_ahead found for schedule_ahead
 
     # ---- admission and removal -------------------------------------------------------
@@ -137,8 +138,11 @@ class Scheduler:
         order = None  # the policy's own order; with tenant shares, weighted fair queuing over tenants
         if self.fair_share is not None and self.policy:
             order = iter(self.fair_share.order_waiting(list(self.policy), self.running, self.config.max_num_seqs))
-        elif self.fair_share is not None:  # nothing waits: the virtual time still follows the tenants served
+        elif self.fair_share is not None and len(self.running) != self._observed_running:
+            # Nothing waits, and a request ended: a tenant may have gone idle. Observed so that a tenant
+            # served alone meanwhile owes nothing when the others return (not every step: the hot path).
             self.fair_share.observe((), self.running)
+        self._observed_running = len(self.running)
         while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.policy.peek() if order is None else next(order)
             num_new = self._allocate_waiting(request, budget)

@@ -149,8 +149,8 @@ class GenerationStream:
             self._router.close(self.reply)
         if self._unfinished:
             abort = asyncio.ensure_future(self.abort(retry_for=ABORT_RETRY_FOR))
-            _aborts_in_flight.add(abort)  # keep a reference until it is done
-            abort.add_done_callback(_aborts_in_flight.discard)
+            _background.add(abort)  # keep a reference until it is done
+            abort.add_done_callback(_background.discard)
             abort.add_done_callback(_retrieve)  # a failure was logged
 
     async def __aiter__(self) -> AsyncIterator[Message]:
@@ -341,7 +341,7 @@ class GenerationStream:
                 await self.layer.send(info["control"], Abort(tuple(owned)).encode())
 
 
-_aborts_in_flight: set[asyncio.Future] = set()
+_background: set[asyncio.Future] = set()  # aborts and share republishing, referenced until done
 
 
 def republish_shares() -> None:
@@ -352,8 +352,8 @@ def republish_shares() -> None:
     from tenants.shares import publish  # noqa: PLC0415 (the tenants app imports the serving layer)
 
     task = asyncio.ensure_future(sync_to_async(publish, thread_sensitive=False)())
-    _aborts_in_flight.add(task)  # kept referenced until done
-    task.add_done_callback(_aborts_in_flight.discard)
+    _background.add(task)  # kept referenced until done
+    task.add_done_callback(_background.discard)
     task.add_done_callback(_retrieve)
 
 
