@@ -12,6 +12,7 @@ import time
 import torch
 
 from .sampling_params import SamplingParams
+from .structured_output.compiler import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -50,6 +51,7 @@ class Request:
         max_tokens: effective output limit (tokens).
         generator: per-request ``torch.Generator`` when ``sampling_params.seed`` is set.
         tenant_id: the tenant whose GPU share the request runs on (None: the engine's own).
+        grammar: its place in the grammar its output must match (structured output), or None.
     """
 
     def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
@@ -78,6 +80,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.generator: torch.Generator | None = None
+        self.grammar: GrammarState | None = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator()
             # One stream per sample, from the request's seed (any int in SamplingParams.SEED_RANGE).

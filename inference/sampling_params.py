@@ -7,6 +7,7 @@ import numbers
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
+from .structured_output.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 MAX_N = 128  # samples per request; OpenAI's documented limit for ``n``
@@ -77,6 +78,8 @@ class SamplingParams:
         skip_special_tokens: drop special tokens from the text.
         output_kind: a :class:`RequestOutputKind` (or its value): every step's delta, or only the
             final output.
+        structured_outputs: a :class:`~inference.structured_output.StructuredOutputsParams` (or a
+            dict of its fields): the output must match a JSON schema, regex, choice or grammar.
 
     Raises:
         InvalidRequestError: from :meth:`verify`, naming the parameter and its limit.
@@ -104,6 +107,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.DELTA
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine, not the user.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -123,6 +127,8 @@ class SamplingParams:
                 f"output_kind must be RequestOutputKind.DELTA (1) or FINAL_ONLY (2), got {self.output_kind!r}"
                 " (CUMULATIVE is not offered: join the deltas).", param="output_kind")
         self.output_kind = RequestOutputKind(self.output_kind)
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         # NumPy's integers (np.int64) are integers here as Python's are: stored as int, checked as int.
         for name in INTEGER_FIELDS + OPTIONAL_INTEGER_FIELDS:
             if _is_integer(getattr(self, name)):

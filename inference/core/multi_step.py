@@ -41,7 +41,8 @@ def _decode_only(out: SchedulerOutput) -> bool:
 
 def _sampling_is_step_invariant(request: Request, num_pending: int) -> bool:
     params = request.sampling_params
-    return (params.logprobs is None and not params.presence_penalty and not params.frequency_penalty
+    return (params.logprobs is None and request.grammar is None  # a grammar's mask needs each token first
+            and not params.presence_penalty and not params.frequency_penalty
             and params.repetition_penalty == 1.0
             and len(request.output_token_ids) + num_pending >= params.min_tokens)
 
@@ -104,7 +105,7 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
         if row == len(scheduled):
             return None
         item = scheduled[row]
-        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
+        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks or request.grammar is not None
                 or len(request.all_token_ids) + num_steps >= max_model_len
                 or len(request.output_token_ids) < request.sampling_params.min_tokens):
             return None

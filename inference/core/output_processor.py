@@ -73,7 +73,8 @@ def logprobs_entry(tokenizer, ids: torch.Tensor, values: torch.Tensor, sampled_r
 
 def append_sampled_token(request: Request, token_id: int, max_model_len: int) -> RequestStatus | None:
     """The cheap half of output processing, done before the next step is scheduled: append the
-    token and decide the finishes that token ids alone imply (stop token, EOS, length limits).
+    token, advance the request's grammar (structured output) past it, and decide the finishes
+    that token ids alone imply (stop token, EOS, length limits, a grammar complete).
 
     Returns:
         The finish status if the request finished with this token, else None.
@@ -85,6 +86,9 @@ def append_sampled_token(request: Request, token_id: int, max_model_len: int) ->
     status = check_stop_token(request, token_id)
     if status is None and len(request.all_token_ids) >= max_model_len:
         status = RequestStatus.FINISHED_LENGTH
+    grammar = request.grammar
+    if grammar is not None and (not grammar.accept(token_id) or grammar.is_terminated) and status is None:
+        status = RequestStatus.FINISHED_STOPPED  # complete (a stop token accepted), or a token it refused
     return status
 
 

@@ -6,7 +6,10 @@ does no I/O, so it can be driven by the offline ``LLM`` or by a serving worker's
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -22,9 +25,13 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..request import Request, RequestStatus
 from ..runner import ModelRunner
 from ..sampling_params import RequestOutputKind, SamplingParams
+from ..structured_output.compiler import GrammarCompiler, GrammarState
 from ..validation import validate_priority, validate_prompt, validate_text
 from .arg_utils import EngineArgs
 from .iteration_stats import IterationTokens
+
+logger = logging.getLogger(__name__)
+GRAMMAR_WAIT = 0.005  # seconds step() waits for a compiling grammar when nothing else runs
 
 
 @dataclass
@@ -105,6 +112,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self._parents: dict[str, _ParentRequest] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._awaiting_grammar: list[str] = []  # parent ids whose grammar compiles (not yet scheduled)
         self._aborted_outputs: list[RequestOutput] = []
         self._inflight = None  # (SchedulerOutput, StepHandle, updated) of the launched, not yet collected step
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
@@ -120,6 +129,8 @@ class LLMEngine:
         """Release the engine's processes (the tensor-parallel ranks); a no-op for a single rank.
         Also happens when the engine is garbage-collected or the interpreter exits."""
         self.runner.close()
+        if self._grammar_compiler is not None:
+            self._grammar_compiler.close()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -172,8 +183,44 @@ class LLMEngine:
             request_id, text, token_ids, children, states,
             final_only=params.output_kind is RequestOutputKind.FINAL_ONLY,
             prompt_logprobs=None if params.prompt_logprobs is None else [None])  # the first token has none
+        if params.structured_outputs is not None:
+            compiled = self.grammar_compiler.compile(params.structured_outputs)
+            for child in children:
+                child.grammar = GrammarState(compiled)
+            if not compiled.done():  # compiles on its own thread; scheduled once done (_admit_compiled)
+                self._awaiting_grammar.append(request_id)
+                return request_id
         self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles and caches the grammars of structured-output requests (made on first use)."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
+        return self._grammar_compiler
+
+    def _admit_compiled(self) -> None:
+        """Schedule the requests whose grammar finished compiling; end those whose compilation
+        failed (finish reason ``abort``). When nothing else runs, wait a moment for one."""
+        waiting = [self._parents[rid].children[0].grammar.compiled for rid in self._awaiting_grammar
+                   if rid in self._parents]
+        if waiting and self._inflight is None and not self.scheduler.num_unfinished:
+            wait_futures(waiting, timeout=GRAMMAR_WAIT, return_when=FIRST_COMPLETED)
+        still = []
+        for request_id in self._awaiting_grammar:
+            parent = self._parents.get(request_id)
+            if parent is None:  # aborted while compiling
+                continue
+            first = parent.children[0]
+            if not first.grammar.ready:
+                still.append(request_id)
+            elif first.grammar.error is not None:
+                logger.error("request %s: its grammar did not compile (%s)", request_id, first.grammar.error)
+                self.abort_request(request_id)
+            else:
+                self.scheduler.add_request(first, followers=parent.children[1:])
+        self._awaiting_grammar = still
 
     def set_tenant_shares(self, shares: Mapping[str, float], priorities: Mapping[str, int] | None = None) -> None:
         """Turn on (or update) tenant GPU shares: from the next step, the scheduler admits
@@ -253,6 +300,8 @@ class LLMEngine:
         Raises:
             RuntimeError: the KV pool cannot hold even one waiting request.
         """
+        if self._awaiting_grammar:
+            self._admit_compiled()
         outputs, self._aborted_outputs = self._aborted_outputs, []
         ahead = self._launch_ahead()
         sampled = self._finish_inflight()
@@ -424,7 +473,7 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager
         running = self.scheduler.running
-        return EngineStats(len(running), self.scheduler.num_waiting, kv.num_free_blocks,
+        return EngineStats(len(running), self.scheduler.num_waiting + len(self._awaiting_grammar), kv.num_free_blocks,
                            kv.num_blocks, kv.usage, self.scheduler.num_preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
                            num_live_tokens=sum(r.num_computed_tokens for r in running),

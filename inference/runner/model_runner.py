@@ -18,6 +18,7 @@ from ..model_loader import iter_weights
 from ..models import build_model
 from ..models.parallel_layers import SINGLE_RANK
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
+from ..structured_output.bitmask import apply_token_bitmask_, bitmask_width
 from .cuda_graph import decode_split_plan, graph_batch_sizes
 from .block_ops import copy_blocks, swap_blocks
 from .input_batch import HostBatch, device_inputs, host_batch
@@ -207,6 +208,7 @@ class ModelRunner:
         if plan.batch.logits_rows.size:  # on every rank: the ranks gather the logits together
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             if sampling:
+                self._apply_grammars(logits, sampling)
                 sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
@@ -221,6 +223,21 @@ class ModelRunner:
         """One step of a multi-step window: ``[B]`` int64 tokens sampled from the logits rows."""
         hidden = self._forward(inputs)
         return self.sampler(self.model.compute_logits(hidden[inputs.logits_indices]), sampling_meta).token_ids
+
+    @staticmethod
+    def _apply_grammars(logits: torch.Tensor, sampling: list) -> None:
+        """Structured output: ``-inf`` on the logits ``[N, V]`` of every token a row's grammar does
+        not allow next. The bitmask is filled on the host from each grammar's state (which has
+        every token sampled so far: such requests never run ahead of their tokens) and applied on
+        the device."""
+        rows = [i for i, request in enumerate(sampling) if request.grammar is not None]
+        if not rows:
+            return
+        host = torch.empty((len(rows), bitmask_width(logits.shape[1])), dtype=torch.int32, pin_memory=logits.is_cuda)
+        for j, i in enumerate(rows):
+            sampling[i].grammar.fill_bitmask(host, j)
+        bitmask = host.to(logits.device, non_blocking=True)
+        apply_token_bitmask_(logits, bitmask, tensor_to_device(torch.tensor(rows), logits.device))
 
     def _sampling_metadata(self, requests: list) -> SamplingMetadata:
         """The step's sampling tensors; reused while the same requests sample in the same order

@@ -1,0 +1,143 @@
+"""Grammars compiled against the model's vocabulary, off the engine's step loop.
+
+Compiling a constraint (:class:`.params.StructuredOutputsParams`) for a tokenizer takes
+milliseconds for a small schema and can take much longer for a large one; it runs on a thread
+of its own, so that the step loop keeps serving the other requests while a new schema compiles
+(a request waits for its grammar outside the scheduler, see ``LLMEngine``). Compiled grammars
+are cached by constraint: requests with a schema seen before start at once.
+
+The backend is xgrammar (Dong et al., "XGrammar: Flexible and Efficient Structured Generation
+Engine for Large Language Models", MLSys 2025), vLLM's default.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+CACHE_SIZE = 512  # compiled grammars kept (distinct constraints)
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer and caches the results.
+
+    Args:
+        tokenizer: the model's Hugging Face tokenizer.
+        vocab_size: rows of the model's logits (may exceed the tokenizer's vocabulary: padding).
+        stop_token_ids: the ids that end a constrained output once the grammar is complete
+            (the model's EOS ids).
+        max_threads: threads one compilation may use.
+
+    Attributes:
+        compile_seconds: wall time of each compilation done so far, in seconds (cache misses only).
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...], max_threads: int = 2) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._stop_token_ids = list(stop_token_ids)
+        self._max_threads = max_threads
+        self._compiler = None  # built on the compile thread: the tokenizer info takes 0.1-1 s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-grammar")
+        self._cache: OrderedDict[tuple, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compile_seconds: list[float] = []
+
+    def compile(self, params: StructuredOutputsParams) -> Future:
+        """A future of the ``xgrammar.CompiledGrammar`` of ``params`` (done at once when cached).
+
+        The future raises ``RuntimeError`` when compilation fails (rare: the params were
+        checked when built)."""
+        key = params.key
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                return future
+            future = self._pool.submit(self._compile, params)
+            self._cache[key] = future
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        future.add_done_callback(lambda f: self._forget_failure(key, f))
+        return future
+
+    def _forget_failure(self, key: tuple, future: Future) -> None:
+        if future.exception() is not None:
+            with self._lock:
+                if self._cache.get(key) is future:
+                    del self._cache[key]
+
+    def _compile(self, params: StructuredOutputsParams):
+        import xgrammar as xgr  # noqa: PLC0415
+
+        started = time.perf_counter()
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self._stop_token_ids)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=self._max_threads, cache_enabled=False)
+        compiled = self._compiler.compile_grammar(params.build_grammar())
+        elapsed = time.perf_counter() - started
+        self.compile_seconds.append(elapsed)
+        logger.debug("compiled a %s grammar in %.1f ms", params.kind, elapsed * 1e3)
+        return compiled
+
+    def close(self) -> None:
+        """Stop the compile thread (pending compilations still finish)."""
+        self._pool.shutdown(wait=False)
+
+
+class GrammarState:
+    """One sequence's place in its grammar: an ``xgrammar.GrammarMatcher`` over the compiled
+    grammar, made once the compilation is done. Each sample of an ``n > 1`` request has its own.
+
+    Args:
+        compiled: the future from :meth:`GrammarCompiler.compile`.
+    """
+
+    __slots__ = ("compiled", "_matcher")
+
+    def __init__(self, compiled: Future) -> None:
+        self.compiled = compiled
+        self._matcher = None
+
+    @property
+    def ready(self) -> bool:
+        """The grammar is compiled (or failed to: see :attr:`error`)."""
+        return self.compiled.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.compiled.exception() if self.compiled.done() else None
+
+    @property
+    def matcher(self):
+        if self._matcher is None:
+            import xgrammar as xgr  # noqa: PLC0415
+
+            self._matcher = xgr.GrammarMatcher(self.compiled.result())
+        return self._matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past ``token_id``; False when the grammar does not allow it (nothing changes)."""
+        return self.matcher.accept_token(token_id)
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and a stop token was accepted: nothing more may follow."""
+        return self.matcher.is_terminated()
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        """Write the tokens allowed next into row ``row`` of ``bitmask`` (``[R, ceil(V / 32)]``
+        int32 on the CPU; bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed)."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (tokens dropped after they were accepted)."""
+        if num_tokens > 0:
+            self.matcher.rollback(num_tokens)
