@@ -45,6 +45,8 @@ def call_to_json(call_text: str) -> tuple[str, str]:
         raise MalformedToolCall(f"a tool call takes keyword arguments only: {call_text!r}")
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
+        if keyword.arg in arguments:
+            raise MalformedToolCall(f"argument {keyword.arg!r} given twice")
         try:
             value = ast.literal_eval(keyword.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -85,7 +87,7 @@ class PythonicToolParser(StreamingToolParser):
         return self._start_mode
 
     def _accepting_modes(self) -> tuple[Mode, ...]:
-        return (self._end_mode)
+        return (self._end_mode,)
 
     def _start_mode(self, final: bool) -> bool:
         """The output's start: whitespace, the optional ``<|python_start|>``, then ``[``."""
