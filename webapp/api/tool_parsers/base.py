@@ -215,11 +215,10 @@ class StreamingToolParser(ToolParser):
         self._buf = ""
         return True
 
-    def _marker_content_mode(self, marker: str, final: bool) -> bool | int:
-        """Send content up to ``marker``; return the marker's end in the buffer once found.
+    def _marker_content_mode(self, marker: str, then: Mode, final: bool) -> bool:
+        """Send content up to ``marker``; consume the marker and go to mode ``then``.
 
-        A tail of the buffer that could be the start of ``marker`` is held back unless
-        ``final``. Returns True/False (progress) while the marker is not found.
+        A tail of the buffer that could be the start of ``marker`` is held back unless ``final``.
         """
         found = self._buf.find(marker)
         if found >= 0:
@@ -227,12 +226,35 @@ class StreamingToolParser(ToolParser):
             self._buf = self._buf[found:]
             self._held = ""
             self._consume(len(marker))
-            return found + len(marker)
+            self._mode = then
+            return True
         keep = 0 if final else _partial_suffix(self._buf, marker)
         text = self._buf[:len(self._buf) - keep]
         self._emit_content(text)
         self._buf = self._buf[len(text):]
         return False
+
+    def _token_mode(self, next_modes: dict[str, Mode]) -> bool:
+        """After whitespace, a one-character token leads to its mode; any other character fails."""
+        self._skip_ws()
+        if not self._buf:
+            return False
+        then = next_modes.get(self._buf[0])
+        if then is None:
+            self._fail()
+        else:
+            self._consume(1)
+            self._mode = then
+        return True
+
+    def _drop_ws_mode(self, then: Mode) -> bool:
+        """Whitespace is dropped; the next other character starts mode ``then``."""
+        self._skip_ws()
+        if not self._buf:
+            return False
+        self._held = ""
+        self._mode = then
+        return True
 
     def _open_call(self) -> int:
         self._calls.append(_StreamedCall(self._new_call_id()))

@@ -38,19 +38,7 @@ class HermesToolParser(JsonCallsParser):
         return self._close_mode
 
     def _content_mode(self, final: bool) -> bool:
-        found = self._marker_content_mode(TOOL_CALL_START, final)
-        if found is True or found is False:
-            return found
-        self._mode = self._open_mode
-        return True
-
-    def _open_mode(self, final: bool) -> bool:
-        """After ``<tool_call>``: whitespace, then the object's ``{``."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        self._start_object()
-        return True
+        return self._marker_content_mode(TOOL_CALL_START, self._object_start_mode, final)
 
     def _close_mode(self, final: bool) -> bool:
         """After an object: whitespace, then ``</tool_call>`` (or nothing, at the end)."""
@@ -66,9 +54,4 @@ class HermesToolParser(JsonCallsParser):
 
     def _between_mode(self, final: bool) -> bool:
         """After a block: whitespace is dropped, then content (which may open another block)."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        self._held = ""
-        self._mode = self._content_mode
-        return True
+        return self._drop_ws_mode(self._content_mode)

@@ -202,6 +202,17 @@ class JsonCallsParser(StreamingToolParser):
         """The mode after a complete call object."""
         raise NotImplementedError
 
+    def _object_start_mode(self, final: bool) -> bool:
+        """After whitespace, a call object's ``{``; any other character fails."""
+        self._skip_ws()
+        if not self._buf:
+            return False
+        if self._buf[0] == "{":
+            self._start_object()
+        else:
+            self._fail()
+        return True
+
     def _start_object(self) -> None:
         self._scanner = CallObjectScanner()
         self._open_call()

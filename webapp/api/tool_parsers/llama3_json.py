@@ -27,7 +27,7 @@ class Llama3JsonToolParser(JsonCallsParser):
         return self._start_mode
 
     def _accepting_modes(self) -> tuple[Mode, ...]:
-        return (self._next_mode, self._separator_mode)
+        return (self._next_mode, self._object_start_mode)
 
     def _after_object(self) -> Mode:
         return self._next_mode
@@ -54,22 +54,8 @@ class Llama3JsonToolParser(JsonCallsParser):
     def _next_mode(self, final: bool) -> bool:
         """After a call: ``;`` and the next call; whitespace is dropped, other text is content."""
         self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] == ";":
+        if self._buf.startswith(";"):
             self._consume(1)
-            self._mode = self._separator_mode
-        else:
-            self._held = ""
-            self._mode = self._plain_mode
-        return True
-
-    def _separator_mode(self, final: bool) -> bool:
-        self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] != "{":
-            self._fail()
+            self._mode = self._object_start_mode
             return True
-        self._start_object()
-        return True
+        return self._drop_ws_mode(self._plain_mode)

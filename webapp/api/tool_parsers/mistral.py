@@ -35,55 +35,16 @@ class MistralToolParser(JsonCallsParser):
         return self._list_next_mode
 
     def _content_mode(self, final: bool) -> bool:
-        found = self._marker_content_mode(TOOL_CALLS_TOKEN, final)
-        if found is True or found is False:
-            return found
-        self._mode = self._list_open_mode
-        return True
+        return self._marker_content_mode(TOOL_CALLS_TOKEN, self._list_open_mode, final)
 
     def _list_open_mode(self, final: bool) -> bool:
         """After ``[TOOL_CALLS]``: whitespace, then ``[``."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] != "[":
-            self._fail()
-            return True
-        self._consume(1)
-        self._mode = self._list_item_mode
-        return True
-
-    def _list_item_mode(self, final: bool) -> bool:
-        """Inside the list where a call object starts."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] != "{":
-            self._fail()
-            return True
-        self._start_object()
-        return True
+        return self._token_mode({"[": self._object_start_mode})
 
     def _list_next_mode(self, final: bool) -> bool:
         """After a call object: ``,`` and the next, or ``]``."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] == ",":
-            self._consume(1)
-            self._mode = self._list_item_mode
-        elif self._buf[0] == "]":
-            self._consume(1)
-            self._mode = self._between_mode
-        else:
-            self._fail()
-        return True
+        return self._token_mode({",": self._object_start_mode, "]": self._between_mode})
 
     def _between_mode(self, final: bool) -> bool:
         """After the list: whitespace is dropped, the rest is content."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        self._held = ""
-        self._mode = self._plain_mode
-        return True
+        return self._drop_ws_mode(self._plain_mode)

@@ -162,18 +162,7 @@ class PythonicToolParser(StreamingToolParser):
 
     def _next_mode(self, final: bool) -> bool:
         """After a call: ``,`` and the next call, or the list's ``]``."""
-        self._skip_ws()
-        if not self._buf:
-            return False
-        if self._buf[0] == ",":
-            self._consume(1)
-            self._mode = self._item_mode
-        elif self._buf[0] == "]":
-            self._consume(1)
-            self._mode = self._end_mode
-        else:
-            self._fail()
-        return True
+        return self._token_mode({",": self._item_mode, "]": self._end_mode})
 
     def _end_mode(self, final: bool) -> bool:
         """After the list: whitespace and the optional ``<|python_end|>`` only."""
