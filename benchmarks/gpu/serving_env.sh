@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by the H200 serving benchmarks (benchmarks/h200_serving.sh, benchmarks/h200_tenants.sh): installs the
-# carried web-stack wheels (.gpuserve/whl, built by benchmarks/gpuserve_pack.sh), starts the carried redis-server
+# Sourced by the serving steps of benchmarks/gpu/run.sh (serving.sh, tenants.sh): installs the
+# carried web-stack wheels (.gpuserve/whl, built by `make gpu-pack`), starts the carried redis-server
 # (REDIS_URL), migrates a fresh database (TESSERA_DB_PATH) and defines start_serve / stop_serve / cleanup. Reads
 # BUDGET, PY, WHEELS, REDIS_BIN, OUT from the environment; the trap on EXIT stops everything and keeps serve.log.
 T0=${T0:-$SECONDS}

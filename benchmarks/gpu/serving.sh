@@ -1,23 +1,19 @@
 #!/usr/bin/env bash
-# Tessera's serving stack on the lent H200: Daphne + one Celery engine worker + Redis, measured with
-# benchmarks/serving.py (vLLM's options), then the offline engine (benchmarks/throughput.py) on the
-# same workload (W1: 256 random-token prompts of 1024 tokens, 512 output tokens each, ignore_eos).
+# Step `serving` of benchmarks/gpu/run.sh: W1 through the serving stack (Daphne + one Celery engine worker +
+# Redis), measured with benchmarks/serving.py (vLLM's options), then the offline engine (benchmarks/throughput.py)
+# on the same workload (256 random-token prompts of 1024 tokens, 512 output tokens each, ignore_eos).
+# Needs what `make gpu-pack` builds (.gpuserve: wheels and redis-server; .gpucache/qwen2.5-7b: config and
+# tokenizer, no weights: --load-format dummy). Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json
+# and serve.log; run.sh renames them by workload, device and date.
 #
-# Run from the repository root. Carried, git-ignored: .gpuserve (wheels the image lacks, redis-server
-# and its libraries; built by benchmarks/gpuserve_pack.sh) and .gpucache/qwen2.5-7b (config + tokenizer, no
-# weights: --load-format dummy). Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json, serve.log.
-# Device call: carry [".gpuserve", ".gpucache/qwen2.5-7b"]; command:
-#   BUDGET=560 ENGINE_FLAGS="--load-format dummy --dtype bfloat16 --max-model-len 2048 \
-#     --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4" bash benchmarks/h200_serving.sh
-#
-# Every value can be overridden from the environment (the CPU rehearsal does so): PY, MODEL, SERVED_NAME,
+# Every value can be overridden from the environment (a CPU rehearsal does so): PY, MODEL, SERVED_NAME,
 # ENGINE_FLAGS, OFFLINE_FLAGS, IN_LEN, OUT_LEN, NUM_PROMPTS, CONCURRENCY, WHEELS (0: skip the install),
 # REDIS_BIN (a redis-server to use instead of the carried one), BUDGET (seconds for the whole script;
 # every stage's timeout is capped by what is left of it).
 set -u
 MODEL=${MODEL:-.gpucache/qwen2.5-7b}
 SERVED_NAME=${SERVED_NAME:-qwen2.5-7b}
-ENGINE_FLAGS=${ENGINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256}
+ENGINE_FLAGS=${ENGINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4}
 OFFLINE_FLAGS=${OFFLINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256}
 IN_LEN=${IN_LEN:-1024}
 OUT_LEN=${OUT_LEN:-512}
@@ -25,7 +21,7 @@ NUM_PROMPTS=${NUM_PROMPTS:-256}
 CONCURRENCY=${CONCURRENCY:-256}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
-source benchmarks/gpuserve_setup.sh
+source benchmarks/gpu/serving_env.sh
 
 # 3. The server.
 SERVING_OK=0

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Tenant GPU shares through the serving stack on the lent H200: `manage.py serve` at default flags (model flags and
+# Step `tenants` of benchmarks/gpu/run.sh: tenant GPU shares through the serving stack: `manage.py serve` at default flags (model flags and
 # --tenant-id only) with team1=30% and team2=70%, flooded by benchmarks/tenant_shares.py (its scenarios: both
 # tenants with equal and with random output lengths, one tenant alone, a late tenant, three tenants 20/30/50).
 #
-# Run from the repository root. Carried, git-ignored: .gpuserve (benchmarks/gpuserve_pack.sh) and
-# .gpucache/qwen2.5-7b (config + tokenizer, no weights). Writes $OUT/$RESULT and serve.log. Device call:
-#   carry [".gpuserve", ".gpucache/qwen2.5-7b"]; BUDGET=560 bash benchmarks/h200_tenants.sh
+# Run from the repository root with what `make gpu-pack` builds (.gpuserve, .gpucache/qwen2.5-7b).
+# Writes $OUT/$RESULT and serve.log.
 # Two engines on the one GPU: WORKERS=2 EXTRA_FLAGS="--gpu-memory-utilization 0.42" SCENARIOS=uniform,random.
 set -u
 MODEL=${MODEL:-.gpucache/qwen2.5-7b}
@@ -20,7 +19,7 @@ OUT_LEN=${OUT_LEN:-256}
 RESULT=${RESULT:-tenant_shares.json}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
-source benchmarks/gpuserve_setup.sh
+source benchmarks/gpu/serving_env.sh
 
 if start_serve "$MODEL" "$SERVED_NAME" $MODEL_FLAGS --tenant-id team1=30% --tenant-id team2=70% \
     --data-parallel-size "$WORKERS" $EXTRA_FLAGS; then
