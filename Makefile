@@ -40,7 +40,7 @@ $(VENV)/.installed: requirements.txt
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-# Serving benchmark against a running server (see README).
+# Serving benchmark against a running server (see docs/benchmarks.md).
 bench: install
 	$(PY) benchmarks/serving.py --base-url http://$(HOST):$(PORT) $(ARGS)
 
