@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test install system-packages browser migrate bench
+.PHONY: serve test install system-packages browser migrate bench gpu-pack
 
 serve: install migrate
 	$(PY) manage.py serve --host $(HOST) --port $(PORT) $(ARGS)
@@ -40,6 +40,12 @@ $(VENV)/.installed: requirements.txt
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-# Serving benchmark against a running server (see README).
+# Serving benchmark against a running server (see docs/benchmarks.md).
 bench: install
 	$(PY) benchmarks/serving.py --base-url http://$(HOST):$(PORT) $(ARGS)
+
+# What a GPU host needs beside the tree, built from the project's own files (git-ignored): .gpucache/ (the
+# benchmark models' configs and tokenizers, SmolLM2's tokenizer, the commit) and .gpuserve/ (the web stack's
+# wheels and redis-server). Then, on the host: bash benchmarks/gpu/run.sh table (see docs/benchmarks.md).
+gpu-pack: install
+	PY=$(PY) bash benchmarks/gpu/pack.sh

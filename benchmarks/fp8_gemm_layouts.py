@@ -3,7 +3,7 @@ shape and row count: the engine's ``x_fp8 [T, K] @ W^T`` against the swapped ``W
 output ``[N, T]`` is transposed back (timed as a view, and with the copy that makes it row-major), and
 against split-K (``torch._scaled_grouped_mm`` over 2, 4 or 8 slices of K, partials summed), beside bf16
 ``F.linear`` (cuBLAS). Decode at batch 256 put FP8's GEMMs at about 2 TB/s of weights against bf16's
-2.8 TB/s (``kernel_profile_w1_bf16_fp8_h200_session7.json``); with T the short side, the swapped order puts
+2.8 TB/s (``w1-bf16-fp8-kernel-profile_h200_2026-11-30.json``); with T the short side, the swapped order puts
 the token dimension in cuBLAS's N tile, so that one tile column may read each weight once.
 
 With ``--triton-sweep``, up to 256 rows, also the Triton FP8 GEMM (``triton_fp8_gemm``) over a grid of

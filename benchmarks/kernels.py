@@ -138,7 +138,7 @@ def store_case(tokens: int, dtype) -> dict:
 
 def rotary_store_case(tokens: int, dtype) -> dict:
     """The rotary kernel writing the rotated keys and the values to the paged cache ("triton") against
-    rotary then the store kernel ("torch" column), as the decode step ran before session 12."""
+    rotary then the store kernel ("torch" column), the unfused pair it replaces."""
     from inference.attention.triton_ops import store_kv_cache
     from inference.models import triton_layers as tl_layers
     from inference.models.layers import RotaryEmbedding

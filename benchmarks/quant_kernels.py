@@ -37,7 +37,7 @@ from inference.quantization.linear import QuantizedLinear  # noqa: E402
 
 DEVICE = "cuda"
 ROTATE_BYTES = 256 << 20
-# (block_n, split_k, num_warps) per kernel variant, around session 6's winners (64 columns split 8-16 ways
+# (block_n, split_k, num_warps) per kernel variant, around the winners of the first sweep (64 columns split 8-16 ways
 # for the thin layers, 128 columns split 2-4 ways for gate_up); 256-wide tiles and 2 warps never won.
 SWEEP_TILES = ((64, 4, 4), (64, 8, 4), (64, 16, 4), (128, 1, 4), (128, 2, 4), (128, 4, 4), (128, 8, 4),
                (128, 2, 8), (128, 4, 8), (128, 8, 8))

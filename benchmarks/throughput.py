@@ -81,9 +81,8 @@ def warm_up(llm, prompts, count: int = 16) -> None:
     in the next step (the prefill kernel's cached-context variant), and with multi-step scheduling whole
     windows of ``num_scheduler_steps`` decodes. With one full chunk and 2 tokens, W1 with FP8 run first in a
     device call had a median TTFT of 3.2-3.4 s against 2.2 s once another run had filled Triton's cache
-    (session 9; 2.21 s with this warm-up, session 10). The multi-step windows were added while looking
-    for why W2 with 4 scheduler steps ran at 38,007 tok/s against session 6's 62,792; they were not the
-    cause (35,409-41,816 with them).
+    (2.21 s with this warm-up). The multi-step windows keep Triton builds out of multi-step runs too;
+    ``triton_builds_in_timed_run`` in the result reports any build left.
     """
     steps = llm.llm_engine.config.scheduler.num_scheduler_steps
     llm.generate(prompt_token_ids=prompts[:2 * count + 1], use_tqdm=False,

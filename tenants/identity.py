@@ -1,6 +1,6 @@
 """Who a request is for: ``Authorization: Bearer <key>`` and ``X-Tenant-ID: <slug>``.
 
-Rules (the README's Tenants section says the same):
+Rules (docs/tenants.md says the same):
 
 1. A tenant key (``tsk-…``) identifies its tenant. ``X-Tenant-ID``, when sent too, must
    name that tenant (else 403). A ``tsk-`` key that is unknown, revoked or expired is 401,

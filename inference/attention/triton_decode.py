@@ -21,7 +21,7 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 # The split kernel's keys per inner iteration (may span several cache blocks), warps and pipeline stages, by
 # head size. Head size 64 (Qwen2.5-0.5B, W2): 128 keys and 2 stages, 47.6 against 51.3 us at 256 requests of
-# 100-2,000 tokens (decode_sweep_w2_h200_session12.json); head size 128 (the 7B shapes) as tuned before.
+# 100-2,000 tokens (decode-sweep-w2_h200_2026-12-01.json); head size 128 (the 7B shapes) as tuned before.
 DECODE_LAUNCH = {64: {"block_n": 128, "num_warps": 4, "num_stages": 2},
                  128: {"block_n": 64, "num_warps": 4, "num_stages": 3}}
 _MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
@@ -42,7 +42,7 @@ def decode_launch(head_dim: int, element_size: int = 2) -> dict:
 
 # stride_btb is the padded width of the step's block table, which changes from step to step: unspecialized,
 # so that a new width divisible by 16 (or of 1) does not build a new variant mid-run (W2 on the H200 spent
-# 0.57 s of a 3.1 s run building one, session 11); the int32 arrays' alignment too (views in mixed steps).
+# 0.57 s of a 3.1 s run building one); the int32 arrays' alignment too (views in mixed steps).
 @triton.jit(do_not_specialize=["stride_btb"], do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"])
 def _decode_split_kernel(
     q_ptr,                      # [B, Hq, D] model dtype, any strides
@@ -157,7 +157,7 @@ def reduce_heads(num_heads: int, num_splits: int, block_d: int) -> int:
     """Query heads per program of the merge kernel (a power of two): as many of a request's as fit in 8,192
     partial elements a program at head size 64, 4,096 above (one head when a head's splits alone exceed that).
     One head per program left 256-request W2 steps with 3,584 programs of 256 elements each. At W2's shape, one
-    sweep (``decode_layouts_h200_session14.json``, split kernel included) gave 49.2 / 29.4 / 10.8 / 8.5 us with
+    sweep (``decode-layouts_h200_2026-12-01.json``, split kernel included) gave 49.2 / 29.4 / 10.8 / 8.5 us with
     one head at 256 / 128 / 32 / 16 requests and 48.4 / 27.0 / 10.2 / 8.1 with 16 (at 256 requests 4 and 8
     heads took 47.1 and 46.1). It follows the shape and the split count, so it adds no compiled variant beyond
     those of ``NUM_SPLITS``. At head size 128 (the 7B shapes), 8,192 elements took 254 registers a thread at 4

@@ -47,7 +47,7 @@ def _online_softmax_step(q, k, v, mask, m_i, l_i, acc, qk_scale, DOT_PRECISION: 
 
 # stride_btb is the padded width of the step's block table, which changes from step to step: unspecialized,
 # so that a new width divisible by 16 (or of 1) does not build a new variant mid-run (W2 on the H200 spent
-# 0.57 s of a 3.1 s run building one, session 11). Likewise the alignment of the per-request int32 arrays,
+# 0.57 s of a 3.1 s run building one). Likewise the alignment of the per-request int32 arrays,
 # which a mixed step passes as views past its leading decodes (two variants, 1.08 s, in the first W2 run).
 @triton.jit(do_not_specialize=["stride_btb"],
             do_not_specialize_on_alignment=["block_tables_ptr", "cu_seqlens_q_ptr", "context_lens_ptr"])

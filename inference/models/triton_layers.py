@@ -297,7 +297,7 @@ _FP8_ROW_IN_REGISTERS_MAX = 32768
 def _silu_and_mul_fp8_launch(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, inter: int) -> None:
     if inter <= _FP8_ROW_IN_REGISTERS_MAX:
         # Read once. With the two-pass loop, W1's decode (256 rows, I = 18,944) took 22 us per call on
-        # the H200 (session 7's kernel table), several times its bytes' worth.
+        # the H200 (w1-bf16-fp8-kernel-profile_h200_2026-11-30.json), several times its bytes' worth.
         head = 1 << (inter.bit_length() - 1)  # the largest power of two <= I
         tail = max(triton.next_power_of_2(inter - head), 16)
         num_warps = 16 if inter > 8192 else 8 if inter > 2048 else 4

@@ -9,7 +9,7 @@ activations.
 
 A GGUF source whose linears are already quantized (the packaged SmolLM2 is Q4_1: 4-bit blocks of 32
 with a fractional minimum) cannot be reproduced by AWQ/GPTQ's integer zero points; the error compounds,
-and ``quantize_model`` warns (see the README's Quantization section for the measured cost).
+and ``quantize_model`` warns (see docs/quantization.md for the measured cost).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ float32 rather than in the output dtype.
 
 Why: at 256 rows cuBLASLt's FP8 kernels for the layers whose output is the hidden size (Qwen2.5-7B's o and
 down projections) tile the output with 128 x 128 blocks, 56 of them on 132 SMs, and run at about a third of
-the FP8 rate (``fp8_gemm_layouts_h200_session10.json``). Splitting K gives every SM work: the float32 partial
+the FP8 rate (``fp8-gemm-layouts_h200_2026-12-01.json``). Splitting K gives every SM work: the float32 partial
 sums go to a workspace, and the last split of each output tile to arrive adds them in split order (the
 W4A16 decode kernel's epilogue, ``triton_w4a16_decode._finish``). Which layers and row counts take this
 kernel is decided by ``fp8_gemm_config`` from the H200 sweep in ``benchmarks/fp8_gemm_layouts.py``.
@@ -100,7 +100,7 @@ def fp8_gemm_config(M: int, N: int, K: int, num_sms: int) -> Fp8GemmConfig | Non
     """The Triton kernel's config for ``[M, K] @ [N, K]^T``, or None where ``torch._scaled_mm`` is faster.
 
     Fitted to the H200 sweep of the Qwen2.5-7B shapes (``fp8_gemm_layouts.py --triton-sweep``,
-    ``benchmarks/results/fp8_gemm_triton_sweep_h200_session11.json``; microseconds, Triton against cuBLASLt):
+    ``benchmarks/results/fp8-gemm-triton-sweep_h200_2026-12-01.json``; microseconds, Triton against cuBLASLt):
 
     - up to 16 rows, 16 x 64 tiles, K split until the tiles fill 1.5 waves of SMs: every shape (qkv 8.9
       against 12.4, o 8.0 / 12.5, gate_up 38.2 / 60.6, down 22.7 / 50.3);
@@ -109,7 +109,7 @@ def fp8_gemm_config(M: int, N: int, K: int, num_sms: int) -> Fp8GemmConfig | Non
     - up to 128 rows, the same except wide layers (N >= 4K: gate_up 51.5 / 48.3 goes to cuBLASLt) and
       128-row tiles split 4 ways for K >= 2N (down 31.7 / 47.7);
     - up to 256 rows, only K >= N: 128 x 128 tiles split 2 ways for K >= 2N (down 41.7 / 48.5), else
-      128 x 64 whole (o 11.8 / 12.9, ``fp8_gemm_triton_wide_h200_session11.json``); qkv (13.4 / 12.7)
+      128 x 64 whole (o 11.8 / 12.9, ``fp8-gemm-triton-wide_h200_2026-12-01.json``); qkv (13.4 / 12.7)
       and gate_up (75.7 / 64.2 with the wider grid's best tiles) stay on cuBLASLt;
     - above 256 rows, none.
     """
@@ -181,7 +181,7 @@ def splitk_gemm(a: torch.Tensor, b: torch.Tensor, config: Fp8GemmConfig, bias: t
     """``a @ b^T + bias`` for 16-bit operands with the same tiles and K split as :func:`fp8_gemm`.
 
     Not used by the engine: on the H200 it did not beat cuBLAS on Qwen2.5-0.5B's decode GEMMs at 64-256
-    rows (``gemm_sweep_w2_bf16_h200_session12.json``); kept for that sweep (``benchmarks/gemm_sweep.py``).
+    rows (``gemm-sweep-w2_h200_2026-12-01.json``); kept for that sweep (``benchmarks/gemm_sweep.py``).
 
     Args:
         a: ``[M, K]`` bf16/fp16, unit column stride; b: ``[N, K]`` same dtype, unit column stride.

@@ -8,7 +8,7 @@ operand, which Hopper's wgmma (and mma.sync elsewhere) reads from registers: Tri
 straight into the operand layout, and nothing dequantized goes through shared memory (the previous
 version, ``x @ W``, stored every dequantized slice to shared memory with two barriers per 16 rows and
 ran at 400-650 GB/s of int4 on the H200; this one at 700-1,300 GB/s,
-``benchmarks/results/quantization_sweep_h200_session6.json``). One ``[BLOCK_N, 16]`` int32 block per K
+``benchmarks/results/w4a16-sweep_h200_2026-11-30.json``). One ``[BLOCK_N, 16]`` int32 block per K
 tile (128 input rows) is loaded through Triton's pipelined asynchronous copies; the internal K-tiled
 layout (``packing.pack_ktiled``) keeps input rows ``2p`` and ``2p + 1`` of each 16-row chunk in the two
 16-bit halves of one word, so one shift and one mask produce a register of the MMA's A operand. The eight x^T
@@ -24,7 +24,7 @@ removes the offset and the zero point (the x sums cost one add per x element). f
 For groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``, the default)
 unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile, with the tile's
 ``sum(x)`` from a second MMA against an all-ones A: 3-15% faster than the eight 16-row chunks on the
-H200's 7B shapes at their best configs (``benchmarks/results/quant_kernels_sweep_h200_session9.json``, which
+H200's 7B shapes at their best configs (``benchmarks/results/quant-kernels-sweep_h200_2026-12-01.json``, which
 also times both kernels built with mma.sync instead of wgmma: slower everywhere).
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
@@ -353,7 +353,7 @@ class DecodeConfig:
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweep of the Qwen2.5-7B
-    shapes (``quant_kernels.py --sweep``; ``benchmarks/results/quant_kernels_sweep_h200_session9.json``):
+    shapes (``quant_kernels.py --sweep``; ``benchmarks/results/quant-kernels-sweep_h200_2026-12-01.json``):
     the one-MMA-per-tile kernel, four warps (one warpgroup). Up to 16 rows, 64-column output tiles (128
     for wide layers such as gate_up) and the K split the power of two nearest to about four programs per
     SM; from 17 rows on, whose float32 partial sums cost twice as much, 64-column tiles split 4 ways (the

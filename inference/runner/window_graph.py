@@ -4,7 +4,7 @@ A window of :mod:`.multi_step` launches, per step, the decode graph's input copi
 LM head, the argmax and the small tensor ops that make the next step's inputs: about twenty launches
 a step from the host. At Qwen2.5-0.5B's size (W2) a 256-request decode step is about 2 ms of kernels
 and the host fell behind: over 32 windows the H200 was busy 68% of the time, with idle gaps of
-0.02-6 ms between kernels (``kernel_profile_w2_n4_h200_session12.json``, under the profiler).
+0.02-6 ms between kernels (``w2-n4-kernel-profile_h200_2026-12-01.json``, under the profiler).
 
 Here the ``N`` steps of a full-length window of greedy requests are captured once per batch bucket:
 step ``k + 1``'s positions, sequence lengths, slots and input tokens are computed in the graph from

@@ -2,11 +2,10 @@
 
 ``torch.argmax`` over W2's bfloat16 logits (151,936 a row, about 243 rows) took 54 us a step on the H200,
 about three times the 18 us of reading 256 such rows once at 4.25 TB/s
-(``kernel_profile_w2_n8_h200_session13.json``); these two kernels took 27.0 + 1.5 us
-(``kernel_profile_w2_n8_h200_session14.json``). Each program of the first kernel takes the maximum of one
+(``w2-kernel-profile_h200_2026-12-01_a.json``); these two kernels took 27.0 + 1.5 us
+(``w2-kernel-profile_h200_2026-12-01_b.json``). Each program of the first kernel takes the maximum of one
 slice of a row's vocabulary, and the second picks the row's best slice.
-Two launches cost host time on the step-by-step path (session 12 measured a Triton argmax losing W2 2-4%
-there), so only the window graphs (:mod:`inference.runner.window_graph`), replayed with no per-kernel
+Two launches cost host time on the step-by-step path (a Triton argmax there lost W2 2-4%), so only the window graphs (:mod:`inference.runner.window_graph`), replayed with no per-kernel
 host work, use it.
 
 Importing this module imports Triton; the CPU engine never imports it.

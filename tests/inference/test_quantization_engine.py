@@ -72,13 +72,13 @@ def test_quantized_checkpoint_has_the_published_format(quantized):
 
 
 # The issue asks for 5%; the packaged SmolLM2 cannot get there at 4 bits: it is itself a Q4_1 GGUF whose
-# fractional zero points AWQ/GPTQ cannot store (test_quantization_quality.py, README).
+# fractional zero points AWQ/GPTQ cannot store (test_quantization_quality.py, docs/quantization.md).
 # Measured on the shipped sample (unquantized 20.15): plain round-to-nearest g64 32.68 (1.62x), g32 30.76
 # (1.53x); AWQ g64 with this test's calibration 29.36 (1.46x); GPTQ g64 act-order 26.22 (1.30x). On another
 # machine (2026-12-01), the same code, also the commit that landed on 2026-11-30, gave AWQ 28.99 (1.44x) and
 # GPTQ act-order 28.47 (1.41x): the Q4_1 source puts many weights on rounding midpoints of the new grid, so
 # (likely) the floating-point order of one CPU or another flips whole groups of roundings. These bounds guard against
-# regressions only, below plain round-to-nearest (1.53x-1.62x); see the README (Quantization) for the figures.
+# regressions only, below plain round-to-nearest (1.53x-1.62x); see docs/quantization.md for the figures.
 MAX_PERPLEXITY_RATIO = {"awq": 1.50, "gptq_act_order": 1.50}
 
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The GPU benchmarks and tests: runs the steps named on the command line, in order, e.g.
+#   make gpu-pack                              # here: builds .gpucache/ and .gpuserve/ (carry both to the host)
+#   bash benchmarks/gpu/run.sh table           # on an H200 host: every figure of the performance table
+#   bash benchmarks/gpu/run.sh w1 w3 gpu-tests
+# Run from the repository root with a Python that has torch, triton and transformers (PY, default python3).
+#
+# Steps (one GPU unless said otherwise):
+#   check            CUDA graphs vs eager, Triton vs the PyTorch reference, async vs sync steps (gpu_check.py)
+#   gpu-tests        the Triton kernel tests at real shapes and dtypes: attention, argmax, window graphs, FP8,
+#                    W4A16, fused layers and the Triton-backend engine against transformers (pytest)
+#   w1               W1: Qwen2.5-7B shape, bf16, 256 prompts x 1024 in / 512 out (throughput.py)
+#   w1-fp8           W1 with --quantization fp8
+#   w2               W2: Qwen2.5-0.5B shape, nano-vllm's workload (256 x U[100, 1024] in and out),
+#                    --num-scheduler-steps 8, twice (_r1, _r2: the run-to-run spread)
+#   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
+#   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
+#   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
+#                    in both orders (pairs a and b)
+#   kernels          the kernel microbenchmarks (kernels.py) and the launch floor of a CUDA graph (launch_floor.py)
+#   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
+#   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
+#   serving          W1 through `manage.py serve --api-server-count 4` and benchmarks/serving.py, then the offline
+#                    engine on the same workload (serving.sh; needs .gpuserve)
+#   tenants          GPU shares of tenants at 30% / 70% through the server (tenants.sh; needs .gpuserve)
+#   tensor-parallel  2 GPUs: TP=1 vs TP=2 on the Qwen2.5-7B shape (greedy tokens in float32, then W1), and the
+#                    same token check with AWQ and FP8 weights
+#   table            check w1 w2 w3 quantization serving (the performance table on one H200)
+#
+# Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit) and writes its
+# results to $OUT (default /tmp/out) named <workload>_<device>_<date>[_<run>].json, each stamped with the
+# commit measured (git, or .gpucache/COMMIT) and the step that reproduces it. Copy them to
+# benchmarks/results/ and run `python benchmarks/results_index.py`.
+set -u
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TESSERA_CACHE_DIR=${TESSERA_CACHE_DIR:-/tmp/tessera-cache}
+export TESSERA_LOGGING_LEVEL=${TESSERA_LOGGING_LEVEL:-WARNING}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/../.."
+DATE=$(date -u +%F)
+COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .gpucache/COMMIT 2>/dev/null || echo unknown)
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')
+GPU=${GPU:-cpu}
+M05=.gpucache/qwen2.5-0.5b
+M7=.gpucache/qwen2.5-7b
+TP="$PY benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none"
+W1="--model $M7 --workload peer-w1 --num-prompts 256 --input-len 1024 --output-len 512 --max-model-len 2048
+    --max-num-batched-tokens 16384"
+W2="--model $M05 --workload peer-w2 --num-prompts 256 --max-model-len 2048 --max-num-batched-tokens 16384
+    --num-scheduler-steps 8"
+W3="--model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64"
+
+for m in $M05 $M7; do
+  [ -d "$m" ] || { echo "missing $m: run 'make gpu-pack' and carry .gpucache/ with the tree"; exit 2; }
+done
+
+# run_step NAME LIMIT_S COMMAND...: one step, its output in $OUT/NAME.log; what is left of it is killed after.
+run_step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s) $(date +%T)"
+  timeout -s ABRT -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc $(date +%T)"
+  grep -v -e tokenizer -e "^INFO" -e Warn -e _warn "$OUT/$name.log" | tail -n 25
+  # anchored at the interpreter, so that the shell running this script survives
+  pkill -9 -f "^$PY (benchmarks/[a-z_0-9]*\.py)|multiprocessing.spawn" 2>/dev/null; sleep 2
+  return $rc
+}
+
+# stamp STEP: add commit and step to the step's new result files (those without a "commit").
+stamp() {
+  $PY - "$OUT" "$1" "$COMMIT" <<'EOF'
+import json, sys
+from pathlib import Path
+out, step, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+for path in sorted(out.glob("*.json")):
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "commit" not in data:
+        data.update(commit=commit, reproduce=f"bash benchmarks/gpu/run.sh {step}")
+        path.write_text(json.dumps(data, indent=1) + "\n")
+EOF
+}
+
+name() { echo "$OUT/$1_${GPU}${2:-}_${DATE}${3:-}.json"; }  # name WORKLOAD [DEVICE_SUFFIX] [RUN_SUFFIX]
+
+step_serving() {
+  OUT=$OUT/serving BUDGET=${BUDGET:-560} PY=$PY bash benchmarks/gpu/serving.sh
+  [ -f "$OUT/serving/w1_summary.json" ] && $PY - "$OUT/serving/w1_summary.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["command"] = ("benchmarks/serving.py --dataset-name random --random-input-len 1024 --random-output-len 512 "
+                "--num-prompts 256 --max-concurrency 256 --ignore-eos against manage.py serve --load-format dummy "
+                "--dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256 "
+                "--api-server-count 4; then benchmarks/throughput.py on the same workload")
+json.dump(d, open(sys.argv[1], "w"), indent=1)
+EOF
+  for f in summary:serving-w1 serving:serving-w1-client offline:serving-w1-offline; do
+    [ -f "$OUT/serving/w1_${f%%:*}.json" ] && mv "$OUT/serving/w1_${f%%:*}.json" "$(name "${f#*:}")"
+  done
+}
+
+for step in "$@"; do
+  case "$step" in
+  table) exec "$0" check w1 w2 w3 quantization serving ;;
+  check) run_step check 200 $PY benchmarks/gpu_check.py --model $M05 --output-json "$(name gpu-check)" ;;
+  gpu-tests) TESSERA_TEST_TOKENIZER=.gpucache/smollm2-tok run_step gpu-tests 500 $PY -m pytest -q -p no:cacheprovider \
+      tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
+      tests/inference/test_triton_fp8.py tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_w4a16.py \
+      tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py
+    cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
+  w1) run_step w1 200 $TP $W1 --output-json "$(name w1)" ;;
+  w1-fp8) run_step w1-fp8 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8)" ;;
+  w2) for r in 1 2; do run_step w2-r$r 200 $TP $W2 --output-json "$(name w2 "" _r$r)"; done ;;
+  w2-floor) for b in 1 16 64; do run_step w2-floor-$b 150 $TP --model $M05 --num-prompts $b --input-len 100 \
+      --output-len 1024 --max-model-len 2048 --num-scheduler-steps 8 --output-json "$(name w2-floor-$b)"; done ;;
+  w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;
+  quantization)
+    run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
+      --output-json "$(name decode-quantized)"
+    run_step w1-fp8-a 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8 "" _a)"
+    run_step w1-a 200 $TP $W1 --output-json "$(name w1 "" _a)"
+    run_step w1-b 200 $TP $W1 --output-json "$(name w1 "" _b)"
+    run_step w1-fp8-b 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8 "" _b)" ;;
+  kernels)
+    run_step kernels 300 $PY benchmarks/kernels.py --out "$(name kernels)"
+    run_step launch-floor 120 $PY benchmarks/launch_floor.py --output-json "$(name launch-floor)" ;;
+  w1-profile)
+    run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"
+    run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
+  w2-profile) run_step w2-profile 250 $TP $W2 --profile-steps 16 --output-json "$(name w2-kernel-profile)" ;;
+  serving) step_serving ;;
+  tenants) OUT=$OUT BUDGET=${BUDGET:-560} PY=$PY RESULT="tenant-shares_${GPU}_${DATE}.json" bash benchmarks/gpu/tenants.sh ;;
+  tensor-parallel)
+    [ "$NGPU" -ge 2 ] || { echo "tensor-parallel needs 2 GPUs, this host has $NGPU"; continue; }
+    run_step tp 500 $PY benchmarks/tensor_parallel.py --model $M7 --check-prompts 8 --check-tokens 32 \
+      --output-json "$(name w1-tp2 x2)"
+    run_step tp-awq 250 $PY benchmarks/tensor_parallel.py --model $M7 --quantization awq --check-prompts 8 \
+      --check-tokens 32 --check-dtype float16 --skip-throughput --output-json "$(name tp2-awq-check x2)"
+    run_step tp-fp8 250 $PY benchmarks/tensor_parallel.py --model $M7 --quantization fp8 --check-prompts 8 \
+      --check-tokens 32 --check-dtype bfloat16 --skip-throughput --unquantized-reference \
+      --output-json "$(name tp2-fp8-check x2)" ;;
+  *) echo "unknown step $step (the steps are listed at the top of $0)"; exit 2 ;;
+  esac
+  stamp "$step"
+done
+ls "$OUT"

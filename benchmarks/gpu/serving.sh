@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Step `serving` of benchmarks/gpu/run.sh: W1 through the serving stack (Daphne + one Celery engine worker +
+# Redis), measured with benchmarks/serving.py (vLLM's options), then the offline engine (benchmarks/throughput.py)
+# on the same workload (256 random-token prompts of 1024 tokens, 512 output tokens each, ignore_eos).
+# Needs what `make gpu-pack` builds (.gpuserve: wheels and redis-server; .gpucache/qwen2.5-7b: config and
+# tokenizer, no weights: --load-format dummy). Writes to $OUT: w1_serving.json, w1_offline.json, w1_summary.json
+# and serve.log; run.sh renames them by workload, device and date.
+#
+# Every value can be overridden from the environment (a CPU rehearsal does so): PY, MODEL, SERVED_NAME,
+# ENGINE_FLAGS, OFFLINE_FLAGS, IN_LEN, OUT_LEN, NUM_PROMPTS, CONCURRENCY, WHEELS (0: skip the install),
+# REDIS_BIN (a redis-server to use instead of the carried one), BUDGET (seconds for the whole script;
+# every stage's timeout is capped by what is left of it).
+set -u
+MODEL=${MODEL:-.gpucache/qwen2.5-7b}
+SERVED_NAME=${SERVED_NAME:-qwen2.5-7b}
+ENGINE_FLAGS=${ENGINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4}
+OFFLINE_FLAGS=${OFFLINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256}
+IN_LEN=${IN_LEN:-1024}
+OUT_LEN=${OUT_LEN:-512}
+NUM_PROMPTS=${NUM_PROMPTS:-256}
+CONCURRENCY=${CONCURRENCY:-256}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$SECONDS
+source benchmarks/gpu/serving_env.sh
+
+# 3. The server.
+SERVING_OK=0
+if ! $PY manage.py serve --help | grep -q -- "--load-format" && [[ " $ENGINE_FLAGS " == *" --load-format "* ]]; then
+  log "SKIPPED serving: 'manage.py serve' has no --load-format flag (webapp/cli.py ENGINE_FLAGS lacks it)"
+else
+  if start_serve "$MODEL" "$SERVED_NAME" $ENGINE_FLAGS; then
+    B="$PY benchmarks/serving.py --base-url http://127.0.0.1:$PORT --model $SERVED_NAME --dataset-name random"
+    # Warm-up (not measured): two full-length prompts, as throughput.py warms its engine with two.
+    timeout "$(cap 90)" $B --random-input-len "$IN_LEN" --random-output-len 8 --num-prompts 2 --max-concurrency 2 \
+      --ignore-eos --seed 1 --save-result --result-dir "$WORK" --result-filename warmup.json >"$WORK/warmup.txt" 2>&1
+    if $PY -c "import json, sys; m = json.load(open('$WORK/warmup.json')); sys.exit(m['completed'] != 2)" 2>/dev/null; then
+      log "warm-up done; benchmark: $NUM_PROMPTS prompts, in $IN_LEN, out $OUT_LEN, concurrency $CONCURRENCY"
+      timeout "$(cap 240)" $B --random-input-len "$IN_LEN" --random-output-len "$OUT_LEN" --num-prompts "$NUM_PROMPTS" \
+        --max-concurrency "$CONCURRENCY" --ignore-eos --save-result --result-dir "$OUT" --result-filename w1_serving.json \
+        && SERVING_OK=1 || log "FAILED: serving benchmark (exit $?)"
+    else
+      log "FAILED: warm-up requests did not complete:"; cat "$WORK/warmup.txt"
+    fi
+  fi
+  log "stopping the server"
+  cleanup_serve_start=$SECONDS
+  stop_serve
+  log "stopped in $((SECONDS - cleanup_serve_start)) s"
+  echo "--- serve.log (last 25 lines)"; tail -25 "$WORK/serve.log"; echo "---"
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader
+
+# 4. The offline engine on the same workload (same lengths, counts and engine flags; its own random ids).
+log "offline: benchmarks/throughput.py $OFFLINE_FLAGS"
+timeout "$(cap 240)" $PY benchmarks/throughput.py --model "$MODEL" $OFFLINE_FLAGS --peer none \
+  --num-prompts "$NUM_PROMPTS" --input-len "$IN_LEN" --output-len "$OUT_LEN" --output-json "$OUT/w1_offline.json" \
+  2>&1 | grep -v -e tokenizer -e "^INFO"
+
+# 5. Summary.
+$PY - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+s = json.loads((out / "w1_serving.json").read_text()) if (out / "w1_serving.json").exists() else None
+o = json.loads((out / "w1_offline.json").read_text())["tessera"] if (out / "w1_offline.json").exists() else None
+summary = {}
+if s:
+    summary["serving"] = {k: s[k] for k in ("completed", "failed", "duration", "output_throughput", "median_ttft_ms",
+                                            "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "errors")}
+if o:
+    summary["offline"] = {k: o[k] for k in ("seconds", "output_tokens_per_s", "median_ttft_s", "median_tpot_ms",
+                                            "p99_tpot_ms")}
+if s and o:
+    summary["serving_over_offline_throughput"] = s["output_throughput"] / o["output_tokens_per_s"]
+print(json.dumps(summary, indent=1))
+(out / "w1_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+EOF
+log "done"; ls -la "$OUT"
