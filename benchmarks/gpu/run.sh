@@ -17,7 +17,7 @@
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
-#   kernels          the kernel microbenchmarks (kernels.py) and the launch floor of a CUDA graph (launch_floor.py)
+#   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
 #   serving          W1 through `manage.py serve --api-server-count 4` and benchmarks/serving.py, then the offline
@@ -123,7 +123,7 @@ for step in "$@"; do
     run_step w1-b 200 $TP $W1 --output-json "$(name w1 "" _b)"
     run_step w1-fp8-b 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8 "" _b)" ;;
   kernels)
-    run_step kernels 300 $PY benchmarks/kernels.py --out "$(name kernels)"
+    run_step kernels 300 $PY benchmarks/kernel_bench.py --out "$(name kernels)"
     run_step launch-floor 120 $PY benchmarks/launch_floor.py --output-json "$(name launch-floor)" ;;
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"

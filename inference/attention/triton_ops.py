@@ -6,7 +6,7 @@ only when it selects the Triton backend (lazily, inside that branch): the CPU en
 ``inference.attention`` package never require Triton.
 
 The references adapt ``torch_ref``'s functions (the CPU path) to the kernels' signatures; they
-are the test oracle and the baseline of ``benchmarks/kernels.py``. They synchronise with the
+are the test oracle and the baseline of ``benchmarks/kernel_bench.py``. They synchronise with the
 host and allocate freely: they are not for the hot path.
 """
 from __future__ import annotations

@@ -8,9 +8,9 @@ dominates kernels under ~30 us). The Triton side is also timed replayed from a C
 Attention cases also report achieved bandwidth (decode: K/V bytes read) or arithmetic (prefill:
 4 * D * Hq FLOPs per attended query-key pair), from ``triton_ms``.
 
-    python benchmarks/kernels.py                  # H200: writes benchmarks/results/kernels_h200.json
-    python benchmarks/kernels.py --only decode    # cases whose name contains "decode"
-    python benchmarks/kernels.py --only rotary,silu   # ... either of these
+    python benchmarks/kernel_bench.py                  # H200: writes benchmarks/results/kernels_h200.json
+    python benchmarks/kernel_bench.py --only decode    # cases whose name contains "decode"
+    python benchmarks/kernel_bench.py --only rotary,silu   # ... either of these
 
 Exits 1 if any case disagrees with its reference (after timing all of them), 2 without CUDA.
 """
@@ -290,7 +290,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS / "kernels_h200.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA device", file=sys.stderr)
+        print("benchmarks/kernel_bench.py needs a CUDA device", file=sys.stderr)
         return 2
     import triton
     dtype = getattr(torch, args.dtype)
