@@ -9,6 +9,8 @@ worker); a deployment sets them itself.
 ``TESSERA_SERVED_MODEL_NAME``  name clients put in ``"model"`` (default: ``TESSERA_MODEL``).
 ``TESSERA_TOKENIZER``          tokenizer source when it differs from the model.
 ``TESSERA_CHAT_TEMPLATE``      Jinja chat template, or a path to a file holding one.
+``TESSERA_TOOL_CALL_PARSER``   tool-call format of the model's output (``--tool-call-parser``).
+``TESSERA_ENABLE_AUTO_TOOL_CHOICE`` ``1``: ``tool_choice: "auto"`` is served (``--enable-auto-tool-choice``).
 ``TESSERA_API_KEY``            when set, requests need ``Authorization: Bearer <key>``.
 ``TESSERA_KEY_ONLY``           ``1``: every API request needs a valid key (tenant or deployment).
 ``TESSERA_SHARE_PREFIX_CACHE`` ``1``: tenants share cached prompt prefixes (default: a salt per tenant).
@@ -42,6 +44,8 @@ class ServingEnv:
     served_model_name: str
     tokenizer: str | None
     chat_template: str | None
+    tool_call_parser: str | None
+    enable_auto_tool_choice: bool
     api_key: str | None
     key_only: bool
     share_prefix_cache: bool
@@ -63,6 +67,8 @@ class ServingEnv:
             served_model_name=environ.get("TESSERA_SERVED_MODEL_NAME") or model,
             tokenizer=environ.get("TESSERA_TOKENIZER") or None,
             chat_template=environ.get("TESSERA_CHAT_TEMPLATE") or None,
+            tool_call_parser=environ.get("TESSERA_TOOL_CALL_PARSER") or None,
+            enable_auto_tool_choice=environ.get("TESSERA_ENABLE_AUTO_TOOL_CHOICE", "") in ("1", "true", "True"),
             api_key=environ.get("TESSERA_API_KEY") or None,
             key_only=environ.get("TESSERA_KEY_ONLY", "") in ("1", "true", "True"),
             share_prefix_cache=environ.get("TESSERA_SHARE_PREFIX_CACHE", "") in ("1", "true", "True"),

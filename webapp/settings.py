@@ -124,6 +124,8 @@ TESSERA = {
     "SERVED_MODEL_NAME": ENV.served_model_name,
     "TOKENIZER": ENV.tokenizer,
     "CHAT_TEMPLATE": ENV.chat_template,
+    "TOOL_CALL_PARSER": ENV.tool_call_parser,
+    "ENABLE_AUTO_TOOL_CHOICE": ENV.enable_auto_tool_choice,
     "API_KEY": ENV.api_key,
     "KEY_ONLY": ENV.key_only,
 }

@@ -61,7 +61,7 @@ def test_tokenize_chat_messages_matches_usage(stack):
 
 @pytest.mark.parametrize("extra, field", [
     ({"continue_final_message": True}, "continue_final_message"),  # with add_generation_prompt's default, true
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # "auto" needs the server flags
 ])
 def test_tokenize_refuses_chat_options_as_the_chat_endpoint_does(stack, extra, field):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **extra}

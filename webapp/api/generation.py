@@ -24,6 +24,7 @@ from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerSto
 from . import formatting
 from .errors import APIError, no_worker, queue_unreachable, unavailable
 from .protocol import GenerationOptions
+from .tools import ToolExtractor, tool_call_delta_json, tool_call_json
 
 
 @dataclass
@@ -50,6 +51,8 @@ class ChoiceState:
     pending_logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    tools: ToolExtractor | None = None  # chat with tools: splits the output into content and calls
+    made_calls: bool = False  # streamed tool calls already
 
 
 class Generation:
@@ -85,7 +88,9 @@ class Generation:
         self.n = options.sampling["n"]
         self.top_n = options.sampling.get("logprobs") or 0
         self.want_logprobs = options.sampling.get("logprobs") is not None
-        self.choices = {p * self.n + i: ChoiceState(p * self.n + i, p)
+        tool_choice = options.tool_choice if chat else None
+        self.choices = {p * self.n + i: ChoiceState(p * self.n + i, p,
+                                                    tools=tool_choice.extractor() if tool_choice else None)
                         for p in range(len(prompts)) for i in range(self.n)}
         self._cached_tokens: dict[int, int] = {}  # prompt index -> its prompt tokens from the prefix cache
         self.stream: GenerationStream | None = None
@@ -164,8 +169,16 @@ class Generation:
             extra["prompt_logprobs"] = formatting.vllm_prompt_logprobs(prompt_logprobs)
         if self.chat:
             logprobs = formatting.chat_logprobs(c.pending_logprobs, c.pending_ids, self.top_n) if self.want_logprobs else None
-            return {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, **extra}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish_reason = c.finish_reason
+            if c.tools is not None:
+                extracted = c.tools.result(text)
+                if extracted.tool_calls:
+                    message = {"role": "assistant", "content": extracted.content,
+                               "tool_calls": [tool_call_json(call) for call in extracted.tool_calls]}
+                finish_reason = c.tools.finish_reason(finish_reason, bool(extracted.tool_calls))
+            return {"index": c.index, "message": message, "logprobs": logprobs,
+                    "finish_reason": finish_reason, "stop_reason": c.stop_reason, **extra}
         if self.options.echo_logprobs:
             logprobs = formatting.echo_logprobs(prompt_logprobs, prompt.token_ids, prompt.text, c.pending_logprobs,
                                                 c.pending_ids, self.top_n)
@@ -241,7 +254,13 @@ class Generation:
     def _delta_chunk(self, c: ChoiceState, new_text: str) -> dict[str, Any] | None:
         """The chunk for what ``c`` produced since the last chunk (None if nothing to send:
         text held back by the detokenizer waits, with its log-probabilities, for the next)."""
-        if not new_text and c.finish_reason is None:
+        delta: Any = {"content": new_text} if self.chat else new_text
+        finish_reason = c.finish_reason
+        if c.tools is not None:
+            delta, finish_reason = self._tool_delta(c, new_text)
+            if not delta and c.finish_reason is None:
+                return None
+        elif not new_text and c.finish_reason is None:
             return None
         logprobs = None
         if self.want_logprobs:
@@ -251,10 +270,25 @@ class Generation:
                 logprobs = formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n,
                                                           len(c.text) - len(new_text))
         c.pending_ids, c.pending_logprobs = [], []
-        delta = {"content": new_text} if self.chat else new_text
-        if self.chat and not new_text:
+        if self.chat and not delta.get("content") and "tool_calls" not in delta:
             delta = {}
-        return self._chunk(c, delta, logprobs, c.finish_reason, c.stop_reason)
+        return self._chunk(c, delta, logprobs, finish_reason, c.stop_reason)
+
+    @staticmethod
+    def _tool_delta(c: ChoiceState, new_text: str) -> tuple[dict[str, Any], str | None]:
+        """Chat with tools: the delta of ``new_text`` (content outside the tool-call markup, and
+        ``tool_calls`` entries) and the finish reason as the client sees it."""
+        content, calls = c.tools.feed(new_text) if new_text else ("", [])
+        if c.finish_reason is not None:
+            rest, more = c.tools.finish()
+            content, calls = content + rest, calls + more
+        c.made_calls = c.made_calls or bool(calls)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = [tool_call_delta_json(d) for d in calls]
+        return delta, c.tools.finish_reason(c.finish_reason, c.made_calls)
 
     # ---- shared --------------------------------------------------------------------
     @property

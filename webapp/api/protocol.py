@@ -15,6 +15,8 @@ from inference.sampling_params import MAX_N, SamplingParams
 from inference.validation import normalize_chat_messages
 
 from .errors import APIError, bad_request
+from .structured import parse_structured_outputs
+from .tools import ToolChoice, parse_tool_choice
 
 _MISSING = object()
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
@@ -75,9 +77,6 @@ def _reject_lone_surrogates(body: dict[str, Any]) -> None:
 
 
 # vLLM's guided-decoding request fields (and its newer structured_outputs object)
-GUIDED_DECODING_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
-                          "structured_outputs")
-
 
 class Body:
     """Typed access to a JSON object's fields: ``get("n", int, 1)``."""
@@ -168,6 +167,7 @@ class GenerationOptions:
             logprobs) alone, no generated token; the engine runs one token, which is dropped.
         priority: vLLM's scheduling priority (lower runs earlier); the engine refuses values other
             than 0 unless it runs the ``priority`` scheduling policy.
+        tool_choice: chat only: the request's tools and how they may be called (:mod:`.tools`).
     """
 
     model: str
@@ -179,6 +179,7 @@ class GenerationOptions:
     echo_only: bool = False
     continuous_usage: bool = False
     priority: int = 0
+    tool_choice: ToolChoice | None = None
     # engine parameter name -> the body field the client sent it as (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
 
@@ -227,30 +228,14 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
     if chat and body.get("max_completion_tokens", int, None) is not None:
         max_tokens = body.get("max_completion_tokens", int, None)
         field_names["max_tokens"] = "max_completion_tokens"
-    # Tools with tool_choice "none" are sent by agent frameworks that call no tool on this request: accepted and
-    # left out of the prompt (vLLM's --exclude-tools-when-tool-choice-none); any other use of them is refused.
-    tools = body.get("tools", list, None)
-    if tools and body.data.get("tool_choice") != "none":
-        raise bad_request("'tools' (tool calling) is not supported yet.", param="tools")
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not (isinstance(function, dict) and tool.get("type") == "function"
-                and isinstance(function.get("name"), str)):
-            raise bad_request("Each of 'tools' must be {\"type\": \"function\", \"function\": {\"name\": ...}}.",
-                              param="tools")
-    if body.get("functions", list, None):  # OpenAI's deprecated form, governed by function_call
-        raise bad_request("'functions' (tool calling) is not supported yet.", param="functions")
+    if not chat and body.data.get("tools") and body.data.get("tool_choice") != "none":
+        raise bad_request("'tools' (tool calling) is for /v1/chat/completions.", param="tools")
     if body.get("use_beam_search", bool, False):  # vLLM's extra: refused, not sampled instead
         raise bad_request("'use_beam_search' (beam search) is not supported yet.", param="use_beam_search")
     if chat and body.get("echo", bool, False):  # vLLM's chat extra (prepend the last message)
         raise bad_request("'echo' is not supported on chat completions yet.", param="echo")
-    response_format = body.get("response_format", dict, None)
-    if response_format and response_format.get("type", "text") != "text":
-        raise bad_request("'response_format' other than text (structured output) is not supported yet.",
-                          param="response_format")
-    for name in GUIDED_DECODING_FIELDS:  # vLLM's extras: refused, so that no client takes free text for JSON
-        if body.data.get(name) is not None:
-            raise bad_request(f"'{name}' (guided decoding, structured output) is not supported yet.", param=name)
+    structured, structured_fields = parse_structured_outputs(body.data)
+    field_names.update(structured_fields)
     sampling = {
         "n": body.get("n", int, 1),
         "best_of": body.get("best_of", int, None),  # SamplingParams refuses one other than n
@@ -273,6 +258,8 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         "spaces_between_special_tokens": body.get("spaces_between_special_tokens", bool, True),
         "prompt_logprobs": body.get("prompt_logprobs", int, None),  # vLLM's extra
     }
+    if structured is not None:
+        sampling["structured_outputs"] = structured
     if sampling["prompt_logprobs"] is not None and stream:
         raise bad_request("'prompt_logprobs' with 'stream' is not supported yet.", param="prompt_logprobs")
     if sampling["top_k"] == 0:
@@ -307,20 +294,41 @@ def parse_chat(body: Body) -> tuple[GenerationOptions, list[dict[str, Any]], dic
     if body.data.get("chat_template") is not None:  # as vLLM without --trust-request-chat-template
         raise bad_request("'chat_template' in a request is not accepted: the server renders the model's chat "
                           "template (start it with --chat-template to use another).", param="chat_template")
-    tool_choice = body.data.get("tool_choice")
-    if tool_choice is not None and tool_choice != "none":  # OpenAI: only with tools, which are refused above
-        raise bad_request("'tool_choice' needs 'tools' (tool calling), which is not supported yet.",
-                          param="tool_choice")
+    _apply_tool_choice(options, body)
     template = {
         "add_generation_prompt": body.get("add_generation_prompt", bool, True),
         "continue_final_message": body.get("continue_final_message", bool, False),
         "chat_template_kwargs": body.get("chat_template_kwargs", dict, None),
+        "tools": options.tool_choice.template_tools if options.tool_choice else None,
     }
     if template["add_generation_prompt"] and template["continue_final_message"]:  # as vLLM
         raise bad_request("Cannot set both 'continue_final_message' and 'add_generation_prompt' to true: "
                           "send 'add_generation_prompt': false to continue the final message.",
                           param="continue_final_message")
     return options, messages, template
+
+
+def _apply_tool_choice(options: GenerationOptions, body: Body) -> None:
+    """Chat's ``tools`` / ``tool_choice``: kept on ``options``; ``required`` and a named function
+    constrain the output (structured output), so they exclude ``response_format`` and its kin.
+
+    Raises:
+        APIError: 400 from :func:`.tools.parse_tool_choice`, or a constrained tool choice together
+            with another form of structured output.
+    """
+    from django.conf import settings  # noqa: PLC0415 - the server's --tool-call-parser
+
+    config = settings.TESSERA
+    options.tool_choice = parse_tool_choice(body.data, config.get("TOOL_CALL_PARSER"),
+                                            bool(config.get("ENABLE_AUTO_TOOL_CHOICE")))
+    constraint = options.tool_choice.structured_outputs() if options.tool_choice else None
+    if constraint is None:
+        return
+    if "structured_outputs" in options.sampling:
+        raise bad_request(f"'tool_choice' {options.tool_choice.mode!r} constrains the output already; send it "
+                          f"without {options.field_names['structured_outputs']!r}.", param="tool_choice")
+    options.sampling["structured_outputs"] = constraint
+    options.field_names.update({"structured_outputs": "tool_choice", "structured_outputs.json": "tools"})
 
 
 def parse_completion(body: Body) -> tuple[GenerationOptions, list[str | list[int]]]:

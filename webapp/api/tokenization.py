@@ -16,6 +16,9 @@ from django.conf import settings
 
 from inference.errors import ModelLoadError
 from inference.model_loader import load_tokenizer, resolve_model
+from inference.model_loader.sources import PACKAGED_MODEL_NAMES
+
+from .chat_templates import tool_use_template
 
 from .errors import APIError, bad_request
 
@@ -53,6 +56,7 @@ class Tokenizer:
         resolved = resolve_model(served.model, served.tokenizer, load_format="dummy")  # tokenizer only: no weights read
         self.hf = load_tokenizer(resolved.tokenizer_dir)
         self._template_option = served.chat_template
+        self._packaged = served.model.lower() in PACKAGED_MODEL_NAMES and served.tokenizer is None
         # An upper bound on the characters of text one token covers: its longest vocabulary entry (byte-level
         # BPE spells each byte as one character, SentencePiece each character as itself), at least 16. Here,
         # where the tokenizer loads off the event loop: a 150K vocabulary takes a moment.
@@ -60,10 +64,14 @@ class Tokenizer:
 
     @cached_property
     def chat_template(self) -> str | None:
+        """``--chat-template`` if given; for the packaged model, Tessera's tool-capable template
+        (the same prompt as the model's own without tools); else the tokenizer's."""
         option = self._template_option
         if option:
             path = Path(option).expanduser()
             return path.read_text() if "{" not in option and path.is_file() else option
+        if self._packaged:
+            return tool_use_template("smollm2-135m-instruct")
         return getattr(self.hf, "chat_template", None) or None
 
     @cached_property
@@ -84,8 +92,9 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> str:
-        """Render the conversation to prompt text.
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """Render the conversation (and the ``tools`` the model may call) to prompt text.
 
         Raises:
             APIError: 400 when the tokenizer has no chat template (naming ``--chat-template``)
@@ -98,7 +107,7 @@ class Tokenizer:
                 param="messages", code="chat_template_missing")
         try:
             return self.hf.apply_chat_template(
-                messages, chat_template=self.chat_template, tokenize=False,
+                messages, chat_template=self.chat_template, tokenize=False, tools=tools or None,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
         except Exception as error:  # Jinja errors of all kinds: the messages do not fit the template

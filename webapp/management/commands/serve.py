@@ -27,6 +27,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
+from webapp.api.tool_parsers import TOOL_PARSERS
 from webapp.env import DEVELOPMENT_SECRET_KEY, ServingEnv, parse_json_list
 from webapp.serving import worker_slot
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, engine_args_from_options, worker_argv
@@ -90,6 +91,12 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
         parser.add_argument("--port", type=port_number, default=8000, help="Port to listen on (1-65535).")
         parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
+        parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                            help="Let the model decide when to call tools ('tool_choice': 'auto', the default "
+                                 "when a request has 'tools'); needs --tool-call-parser.")
+        parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                            help="How the model writes tool calls (hermes: Qwen2.5, Hermes and the packaged "
+                                 "model's template; llama3_json; mistral; pythonic).")
         parser.add_argument("--api-key", help="Require 'Authorization: Bearer <key>' on /v1 endpoints "
                                               "(this key, or a tenant's key).")
         parser.add_argument("--key-only", action="store_true",
@@ -133,6 +140,9 @@ class Command(BaseCommand):
             options["api_server_count"] = default_api_server_count(engine_args.device)
         if not 1 <= options["api_server_count"] <= 64:
             raise CommandError(f"--api-server-count must be between 1 and 64, got {options['api_server_count']}.")
+        if options["enable_auto_tool_choice"] and not options["tool_call_parser"]:
+            raise CommandError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                               f"{', '.join(sorted(TOOL_PARSERS))}).")
         try:
             tenant_specs = [parse_tenant_spec(text) for text in options["tenant_id"]]
         except ValueError as error:
@@ -184,6 +194,8 @@ class Command(BaseCommand):
         env = launcher.child_env(
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
             TESSERA_TOKENIZER=engine_args.tokenizer, TESSERA_CHAT_TEMPLATE=options["chat_template"],
+            TESSERA_TOOL_CALL_PARSER=options["tool_call_parser"],
+            TESSERA_ENABLE_AUTO_TOOL_CHOICE="1" if options["enable_auto_tool_choice"] else None,
             TESSERA_LOG_LEVEL=options["log_level"].upper(), **options["deployment_env"],
             OMP_NUM_THREADS=cpu_threads_per_worker(engine_args.device, options["data_parallel_size"]))
         run = uuid.uuid4().hex[:12]  # slots of this run only: a new run starts with its flags (worker_slot)
