@@ -13,7 +13,9 @@ from webapp import launcher
 from webapp.serving import held, request_queue
 from webapp.serving.ledger import RequestLedger
 from webapp.serving.request_queue import ABORTED_BEFORE, CLAIMED, TAKEN, QueuedRequest
-from webapp.serving.tenant_shares import SHARES_KEY, encode_share
+from webapp.serving.tenant_shares import encode_share
+from webapp.transport import keys
+from webapp.transport.keys import SHARES_KEY
 
 MODEL = "m"
 
@@ -53,7 +55,7 @@ def test_two_flooding_tenants_are_taken_in_their_shares(server):
     assert taken.count("low") == 15  # 30% of the takes, evenly spread
     assert taken[:10].count("low") == 3
     # Each take was claimed for the worker and recorded as held by it, in the same step.
-    assert client.hlen(held.held_key(MODEL)) == 50
+    assert client.hlen(keys.held_key(MODEL)) == 50
     assert client.get("tessera:claim:low0") == b"w1"
 
 
@@ -78,10 +80,10 @@ def test_a_request_given_back_goes_first_and_is_refunded(server):
     client, url = server
     enqueue(url, [request(f"low{i}", "low") for i in range(3)])
     first = request_queue.take(client, MODEL, "w1")
-    before = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    before = float(client.hget(keys.fair_key(MODEL), "c:low"))
     record = held.take(client, MODEL, "w1", first.request.rid)
     request_queue.requeue(client, MODEL, record["payload"], "low", record["charge"])
-    after = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    after = float(client.hget(keys.fair_key(MODEL), "c:low"))
     assert after == pytest.approx(before - first.charge)
     assert request_queue.take(client, MODEL, "w2").request.rid == first.request.rid  # next in line, not last
 
@@ -93,7 +95,7 @@ def test_aborted_and_already_claimed_requests_are_not_taken_to_run(server):
     client.set("tessera:claim:other", "w9")
     assert request_queue.take(client, MODEL, "w1").status == ABORTED_BEFORE
     assert request_queue.take(client, MODEL, "w1").status == TAKEN
-    assert client.hlen(held.held_key(MODEL)) == 0 and request_queue.take(client, MODEL, "w1") is None
+    assert client.hlen(keys.held_key(MODEL)) == 0 and request_queue.take(client, MODEL, "w1") is None
 
 
 def test_next_tenant_and_taking_from_one_tenant_only(server):

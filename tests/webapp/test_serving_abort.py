@@ -123,7 +123,8 @@ def test_drop_queued_takes_off_only_the_given_requests_and_keeps_the_others_in_o
     """What a client that leaves a large batch does to the queue (``request_queue.drop_queued``)."""
     import redis.asyncio as aioredis
 
-    from webapp.serving.request_queue import QueuedRequest, drop_queued, enqueue, queue_key
+    from webapp.serving.request_queue import QueuedRequest, drop_queued, enqueue
+    from webapp.transport.keys import queue_key
 
     model = "drop-test"  # no worker serves it
     queue = queue_key(model, None)

@@ -28,6 +28,8 @@ from django.conf import settings
 
 from redis.exceptions import RedisError
 
+from webapp.transport.keys import claim_key, held_key
+
 from . import held, registry
 from .messages import Abort, Message, is_final
 from .replies import reply_router
@@ -222,7 +224,7 @@ class GenerationStream:
         redis = get_redis()
         rids = sorted(self._unfinished)
         owners = dict(zip(rids, (o.decode() if o else None for o in
-                                 await redis.mget([registry.claim_key(r) for r in rids]))))
+                                 await redis.mget([claim_key(r) for r in rids]))))
         await self._enqueue_again_if_lost(redis, owners)
         known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
         for owner in set(owners.values()) - {None, registry.ABORTED, registry.REQUEUED} - known:
@@ -274,8 +276,8 @@ class GenerationStream:
         there: still held by it (the other workers requeue it within seconds), or requeued
         already (its claim moved on; read after the records, since taking a record and moving
         its claim are one step)."""
-        records = await redis.hmget(held.held_key(self.model), rids)
-        claims = await redis.mget([registry.claim_key(r) for r in rids])
+        records = await redis.hmget(held_key(self.model), rids)
+        claims = await redis.mget([claim_key(r) for r in rids])
         for record, claim in zip(records, claims):
             held_by_owner = record is not None and json.loads(record).get("worker") == owner
             if not held_by_owner and (claim is not None and claim.decode() == owner):
@@ -328,7 +330,7 @@ class GenerationStream:
             if rid in self._owners:
                 by_worker.setdefault(self._owners[rid], []).append(rid)
         if claimed:
-            for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
+            for rid, owner in zip(claimed, await redis.mget([claim_key(r) for r in claimed])):
                 if owner and owner.decode() != registry.ABORTED:
                     by_worker.setdefault(owner.decode(), []).append(rid)
             pipe = redis.pipeline(transaction=False)

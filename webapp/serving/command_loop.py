@@ -13,7 +13,9 @@ import time
 import redis
 
 from . import worker_slot
-from .commands import LOAD, RELOAD, UNLOAD, ModelCommand, commands_key
+from webapp.transport.keys import commands_key
+
+from .commands import LOAD, RELOAD, UNLOAD, ModelCommand
 from .model_lifecycle import READY
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,9 @@ from redis.exceptions import RedisError
 
 from inference.sampling_params import SamplingParams
 
-from . import held, registry, request_queue
+from webapp.transport.keys import claim_key
+
+from . import held, request_queue
 from .engine_loop import EngineLoop, EngineRequest
 from .io_loop import WorkerIO
 from .request_queue import CLAIMED, QueuedRequest, Taken
@@ -159,7 +161,7 @@ class Dispatcher(threading.Thread):
         becomes ``requeued``; its client keeps waiting)."""
         record = held.take(self._redis, self.model, self.worker_id, request_id)
         entry = self.io.ledger.get(request_id)
-        if record is None and entry is not None and self._redis.get(registry.claim_key(request_id)) in (
+        if record is None and entry is not None and self._redis.get(claim_key(request_id)) in (
                 None, self.worker_id.encode()):  # Redis lost its record (a restart): the ledger has it
             record = {"payload": entry.request.encode(), "charge": entry.charge}
         if record is not None:

@@ -17,7 +17,8 @@ Charges: the dequeue charges a tenant's shared counter with what a request *may*
 plus ``n`` × ``max_tokens``); the ledger counts what it cost as its messages go out (its prompt at
 the first output, then every output token) and, at its end, adds the difference, so that a
 request that stopped early gives back what it did not use. The same counts feed
-``served:<tenant>`` of ``tessera:fair:<model>``, which the dashboard's share chart reads.
+``served:<tenant>`` of the model's fair hash (:func:`webapp.transport.keys.fair_key`), which the
+dashboard's share chart reads.
 
 Threads: the dispatcher calls :meth:`RequestLedger.open`; everything else runs on the worker's
 I/O thread. An entry is added whole, in one dict assignment (atomic under the GIL).
@@ -28,9 +29,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .held import held_key
-from .registry import claim_key
-from .request_queue import QueuedRequest, fair_key
+from webapp.transport.keys import claim_key, counter_field, fair_key, held_key, served_field
+from webapp.transport.wire import QueuedRequest
 
 
 @dataclass
@@ -133,9 +133,9 @@ class RequestLedger:
         commands: list[tuple[str, tuple, dict]] = []
         for (model, tenant), amount in self._counters.items():
             if amount:
-                commands.append(("hincrbyfloat", (fair_key(model), f"c:{tenant}", amount), {}))
+                commands.append(("hincrbyfloat", (fair_key(model), counter_field(tenant), amount), {}))
         for (model, tenant), tokens in self._served.items():
-            commands.append(("hincrby", (fair_key(model), f"served:{tenant}", tokens), {}))
+            commands.append(("hincrby", (fair_key(model), served_field(tenant), tokens), {}))
         self._counters.clear()
         self._served.clear()
         return commands

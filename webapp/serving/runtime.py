@@ -22,10 +22,10 @@ from typing import Any, Callable
 import redis
 
 from inference import EngineArgs
+from webapp.transport.keys import commands_key
 
 from . import held, worker_slot
 from .command_loop import CommandLoop
-from .commands import commands_key
 from .dispatcher import Dispatcher
 from .engine_loop import EngineLoop
 from .heartbeat_info import HeartbeatInfo
