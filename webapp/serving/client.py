@@ -28,6 +28,7 @@ from django.conf import settings
 
 from redis.exceptions import RedisError
 
+from inference.sampling_params import SamplingParams
 from webapp.transport.keys import claim_key, held_key
 
 from . import held, registry
@@ -81,7 +82,7 @@ class EngineRequestSpec:
 
     rid: str
     prompt_token_ids: list[int]
-    params: dict[str, Any]
+    params: SamplingParams  # validated, with the prompt's ``max_tokens``
     tenant: str | None = None  # the tenant's slug: its GPU share in the engine's scheduler
     priority: int = 0
     cache_salt: str | None = None  # prefix-cache key, e.g. per tenant

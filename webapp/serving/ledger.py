@@ -37,7 +37,8 @@ from webapp.transport.wire import QueuedRequest
 class Entry:
     """What the worker knows of one request it took (see the module docstring)."""
 
-    request: QueuedRequest  # as taken (to requeue it, or to restore its records after Redis lost them)
+    request: QueuedRequest
+    payload: str  # the request as queued (to requeue it, or to restore its records after Redis lost them)
     model: str
     reply: str | None  # its reply channel; None once it ended (nothing more is published)
     held: bool  # its held record stands (not started yet)
@@ -60,10 +61,11 @@ class RequestLedger:
     def __contains__(self, rid: str) -> bool:
         return rid in self._entries
 
-    def open(self, request: QueuedRequest, charge: float) -> None:
-        """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens."""
-        self._entries[request.rid] = Entry(request, request.model, request.reply, True, request.tenant or "",
-                                           charge, request.cost)
+    def open(self, request: QueuedRequest, charge: float, payload: str | None = None) -> None:
+        """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens;
+        ``payload``: its message as queued (None: ``request.encode()``)."""
+        self._entries[request.rid] = Entry(request, payload or request.encode(), request.model, request.reply, True,
+                                           request.tenant or "", charge, request.cost)
 
     def get(self, rid: str) -> Entry | None:
         return self._entries.get(rid)
@@ -77,7 +79,7 @@ class RequestLedger:
                 continue
             commands.append(("set", (claim_key(rid), worker_id), {"nx": True, "ex": claim_ttl}))
             if entry.held:
-                record = json.dumps({"worker": worker_id, "payload": entry.request.encode(), "charge": entry.charge})
+                record = json.dumps({"worker": worker_id, "payload": entry.payload, "charge": entry.charge})
                 commands.append(("hsetnx", (held_key(entry.model), rid, record), {}))
         return commands
 

@@ -37,7 +37,7 @@ from webapp.transport import queue_scripts
 from webapp.transport.keys import (
     DOORBELL_LENGTH, EPOCH_KEY, SERVED_FIELD_PREFIX, SHARES_KEY, claim_key, counter_field, doorbell_key, fair_key,
     held_key, queue_key, queue_prefix, queues_key)
-from webapp.transport.wire import QueuedRequest
+from webapp.transport.wire import InvalidParams, QueuedRequest
 
 from .registry import ABORTED, CLAIM_TTL, REQUEUED
 
@@ -88,16 +88,21 @@ class Taken:
     """What :func:`take` took off a queue.
 
     Attributes:
-        request: the request.
+        request: the request (with default sampling parameters when ``invalid``).
         status: ``CLAIMED`` (now held and claimed by the taking worker, its tenant charged),
             ``ABORTED_BEFORE`` (its client left before any worker took it) or ``TAKEN`` (another
             worker claimed it already); only a claimed request is the taker's to run.
         charge: virtual tokens added to its tenant's counter (0 unless claimed).
+        message: the request as it was queued (encoded).
+        invalid: why its sampling parameters did not decode (a web process of another version
+            sent them), None when they did.
     """
 
     request: QueuedRequest
     status: str
     charge: float
+    message: str
+    invalid: InvalidParams | None = None
 
 
 def take(redis, model: str, worker_id: str, tenant: str | None = None, only_tenant: bool = False) -> Taken | None:
@@ -114,8 +119,12 @@ def take(redis, model: str, worker_id: str, tenant: str | None = None, only_tena
               ABORTED, REQUEUED, CLAIM_TTL])
     if not taken:
         return None
-    status = taken[2].decode() if isinstance(taken[2], bytes) else taken[2]
-    return Taken(QueuedRequest.decode(taken[0]), status, float(taken[1]))
+    message, charge, status = (part.decode() if isinstance(part, bytes) else part for part in taken)
+    try:
+        request, invalid = QueuedRequest.decode(message), None
+    except InvalidParams as error:
+        request, invalid = error.request, error
+    return Taken(request, status, float(charge), message, invalid)
 
 
 def next_tenant(redis, model: str) -> tuple[bool, str | None]:
