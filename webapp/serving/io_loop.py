@@ -1,8 +1,9 @@
 """The worker's I/O thread: one asyncio loop that does all of a worker's Redis traffic.
 
 * publishes engine outputs: everything that piled up while the previous publish was in
-  flight is coalesced per request and written with one pipeline (:func:`webapp.transport.channel_layer.bulk_send`),
-  so a slow Redis delays delivery but never the engine loop;
+  flight is coalesced per request and written with one pipeline
+  (:func:`webapp.transport.channel_layer.bulk_send`), so a slow Redis delays delivery but never
+  the engine loop;
 * settles the held record of a request (:mod:`.held`) before publishing its first output or
   error, and drops (aborts) a request that another worker took over meanwhile;
 * receives aborts on the worker's control channel and passes them to the engine loop;

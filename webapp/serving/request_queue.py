@@ -6,11 +6,11 @@ doorbell that wakes idle workers, the model's virtual token counters
 (:func:`~webapp.transport.keys.fair_key`) and the epoch that tells when Redis lost its data (then
 the web processes enqueue their requests again: :func:`enqueue` returns it).
 
-The dequeue (:data:`webapp.transport.queue_scripts.TAKE`, one atomic Lua script) is start-time fair queuing over the
-tenant queues, with the Virtual Token Counter of Sheng et al., "Fairness in Serving Large
-Language Models" (OSDI 2024) as the tenants' finish tags — the counters the engine's
-scheduler keeps (:mod:`inference.core.fair_share`), shared in Redis by every worker of the
-model so that the shares hold in aggregate, not per worker:
+The dequeue (:data:`webapp.transport.queue_scripts.TAKE`, one atomic Lua script) is start-time
+fair queuing over the tenant queues, with the Virtual Token Counter of Sheng et al., "Fairness in
+Serving Large Language Models" (OSDI 2024) as the tenants' finish tags — the counters the
+engine's scheduler keeps (:mod:`inference.core.fair_share`), shared in Redis by every worker of
+the model so that the shares hold in aggregate, not per worker:
 
 * among the tenants with queued requests, the one with the lowest counter goes next (ties:
   the lower tenant priority, then the slug);
