@@ -2,7 +2,7 @@
 share chart (against the tenant's GPU share).
 
 The counts are the ones the workers' dequeue charges the tenants' virtual token counters with
-(``served:<tenant>`` of ``tessera:fair:<model>``, :mod:`webapp.serving.ledger`): prompt
+(``served:<tenant>`` of :func:`webapp.transport.keys.fair_key`, :mod:`webapp.serving.ledger`): prompt
 tokens at a request's first output, then every output token. A share is the tenant's
 increase over ``WINDOW`` seconds divided by every tenant's (requests of no tenant included).
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from webapp.serving.request_queue import fair_key, served_tokens
+from webapp.serving.request_queue import served_tokens
+from webapp.transport.keys import fair_key
 
 WINDOW = 10.0  # seconds over which a share is measured
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-TENANT_METRICS_KEY = "tessera:metrics:tenants"  # hash: JSON [counter, tenant, model, reason] -> value
+from webapp.transport.keys import TENANT_METRICS_KEY
+
 PROMPT, GENERATION, REQUESTS = "prompt_tokens", "generation_tokens", "requests"
 
 

@@ -32,7 +32,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from webapp.serving.client import get_redis
-from webapp.serving.tenant_shares import VERSION_KEY
+from webapp.transport.keys import VERSION_KEY
 
 from .errors import TenantError
 from .models import DEFAULT_TENANT_SLUG, KEY_PREFIX, ApiKey, Tenant, hash_secret

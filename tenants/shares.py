@@ -14,7 +14,8 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from webapp.serving.tenant_shares import SHARES_KEY, VERSION_KEY, encode_share
+from webapp.serving.tenant_shares import encode_share
+from webapp.transport.keys import SHARES_KEY, VERSION_KEY
 
 from .models import Tenant
 

@@ -9,7 +9,7 @@ import asyncio
 def test_bulk_send_keeps_order_per_channel(django_app):
     from channels.layers import get_channel_layer
 
-    from webapp.serving.publish import bulk_send
+    from webapp.transport.channel_layer import bulk_send
     from webapp.serving.replies import reply_router
 
     async def run() -> tuple[dict[str, list[int]], list[int]]:

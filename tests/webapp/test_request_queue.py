@@ -9,11 +9,15 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from inference.sampling_params import RequestOutputKind, SamplingParams
 from webapp import launcher
 from webapp.serving import held, request_queue
 from webapp.serving.ledger import RequestLedger
 from webapp.serving.request_queue import ABORTED_BEFORE, CLAIMED, TAKEN, QueuedRequest
-from webapp.serving.tenant_shares import SHARES_KEY, encode_share
+from webapp.serving.tenant_shares import encode_share
+from webapp.transport import keys
+from webapp.transport.keys import SHARES_KEY
+from webapp.transport.wire import InvalidParams
 
 MODEL = "m"
 
@@ -28,7 +32,7 @@ def server(tmp_path):
 
 
 def request(rid: str, tenant: str | None, prompt: int = 10, max_tokens: int = 90, n: int = 1) -> QueuedRequest:
-    return QueuedRequest(rid, "reply", MODEL, [1] * prompt, {"max_tokens": max_tokens, "n": n}, 0.0, tenant)
+    return QueuedRequest(rid, "reply", MODEL, [1] * prompt, SamplingParams(max_tokens=max_tokens, n=n), 0.0, tenant)
 
 
 def enqueue(url: str, requests: list[QueuedRequest]) -> None:
@@ -53,7 +57,7 @@ def test_two_flooding_tenants_are_taken_in_their_shares(server):
     assert taken.count("low") == 15  # 30% of the takes, evenly spread
     assert taken[:10].count("low") == 3
     # Each take was claimed for the worker and recorded as held by it, in the same step.
-    assert client.hlen(held.held_key(MODEL)) == 50
+    assert client.hlen(keys.held_key(MODEL)) == 50
     assert client.get("tessera:claim:low0") == b"w1"
 
 
@@ -78,10 +82,10 @@ def test_a_request_given_back_goes_first_and_is_refunded(server):
     client, url = server
     enqueue(url, [request(f"low{i}", "low") for i in range(3)])
     first = request_queue.take(client, MODEL, "w1")
-    before = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    before = float(client.hget(keys.fair_key(MODEL), "c:low"))
     record = held.take(client, MODEL, "w1", first.request.rid)
     request_queue.requeue(client, MODEL, record["payload"], "low", record["charge"])
-    after = float(client.hget(request_queue.fair_key(MODEL), "c:low"))
+    after = float(client.hget(keys.fair_key(MODEL), "c:low"))
     assert after == pytest.approx(before - first.charge)
     assert request_queue.take(client, MODEL, "w2").request.rid == first.request.rid  # next in line, not last
 
@@ -93,7 +97,7 @@ def test_aborted_and_already_claimed_requests_are_not_taken_to_run(server):
     client.set("tessera:claim:other", "w9")
     assert request_queue.take(client, MODEL, "w1").status == ABORTED_BEFORE
     assert request_queue.take(client, MODEL, "w1").status == TAKEN
-    assert client.hlen(held.held_key(MODEL)) == 0 and request_queue.take(client, MODEL, "w1") is None
+    assert client.hlen(keys.held_key(MODEL)) == 0 and request_queue.take(client, MODEL, "w1") is None
 
 
 def test_next_tenant_and_taking_from_one_tenant_only(server):
@@ -131,3 +135,33 @@ def test_a_held_request_aborted_is_refunded_whole_and_forgotten_once_settled():
     assert "r" not in ledger
     (command,) = ledger.counter_commands()
     assert command[0] == "hincrbyfloat" and command[1][2] == pytest.approx(-1.0)
+
+
+def test_a_request_crosses_the_queue_with_its_sampling_params_intact(server):
+    client, url = server
+    params = SamplingParams(n=2, max_tokens=7, stop="x", logit_bias={5: 1.5}, seed=2**64 - 1, output_kind=2,
+                            stop_token_ids=[3], eos_token_ids=(1, 2), temperature=0.5)
+    sent = QueuedRequest("r", "reply", MODEL, [1] * 10, params, 0.0, "low", priority=1, cache_salt="salt")
+    enqueue(url, [sent])
+    taken = request_queue.take(client, MODEL, "w1")
+    assert taken.request == sent and taken.invalid is None
+    assert taken.request.params.output_kind is RequestOutputKind.FINAL_ONLY
+    assert taken.request.params.eos_token_ids == (1, 2) and taken.request.params.logit_bias == {5: 1.5}
+    assert taken.request.cost == 10 + 2 * 7
+
+
+def test_a_request_whose_params_do_not_decode_is_still_claimed_for_its_400(server):
+    """A web process of another version sent sampling parameters this worker cannot build: the
+    request is taken and claimed as any other, and carries why, for the dispatcher's 400."""
+    client, url = server
+    enqueue(url, [request("r", "low", max_tokens=5)])
+    message = client.rpop(keys.queue_key(MODEL, "low")).decode()
+    client.rpush(keys.queue_key(MODEL, "low"), message.replace('"n":1', '"n":0'))
+    taken = request_queue.take(client, MODEL, "w1")
+    assert taken.status == CLAIMED and taken.request.rid == "r" and taken.request.reply == "reply"
+    assert taken.invalid.param == "n" and "n must be between 1 and 128" in str(taken.invalid.error)
+    assert taken.message.startswith("r 15\n")
+    with pytest.raises(InvalidParams):
+        QueuedRequest.decode(taken.message)
+    with pytest.raises(ValueError, match="not a queued request"):
+        QueuedRequest.decode("r 1\n[1]")

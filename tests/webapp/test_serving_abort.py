@@ -123,12 +123,14 @@ def test_drop_queued_takes_off_only_the_given_requests_and_keeps_the_others_in_o
     """What a client that leaves a large batch does to the queue (``request_queue.drop_queued``)."""
     import redis.asyncio as aioredis
 
-    from webapp.serving.request_queue import QueuedRequest, drop_queued, enqueue, queue_key
+    from inference.sampling_params import SamplingParams
+    from webapp.serving.request_queue import QueuedRequest, drop_queued, enqueue
+    from webapp.transport.keys import queue_key
 
     model = "drop-test"  # no worker serves it
     queue = queue_key(model, None)
     stack.redis.delete(queue)
-    requests = [QueuedRequest(f"req-{i}", "reply", model, [1, 2], {"max_tokens": 4}, 0.0) for i in range(30)]
+    requests = [QueuedRequest(f"req-{i}", "reply", model, [1, 2], SamplingParams(max_tokens=4), 0.0) for i in range(30)]
 
     async def drop() -> int:
         client = aioredis.Redis.from_url(stack.redis_url)

@@ -6,9 +6,9 @@ import json
 import time
 
 from tests.webapp.serving_stack import MODEL, Stack
-from webapp.serving import worker_slot
 from webapp.serving.commands import LOAD, UNLOAD, ModelCommand, send_command
 from webapp.serving.model_spec import ModelSpec
+from webapp.transport.keys import slot_key
 
 LOADED = "smol-loaded"  # the packaged model under another name and context length, as an admin loads it
 
@@ -45,7 +45,7 @@ def test_a_restarted_worker_serves_what_its_slot_served(tmp_path):
         spec = ModelSpec(name=LOADED, source=MODEL, max_model_len=512)
         send_command(s.redis, worker["id"], ModelCommand(LOAD, spec))
         _wait(lambda: _ready(s, LOADED))
-        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-1-0")))["spec"] == spec.to_json()
+        assert json.loads(s.redis.get(slot_key("test-host-1-0")))["spec"] == spec.to_json()
 
         _restart(s)
         restarted = _wait(lambda: _ready(s, LOADED))
@@ -60,7 +60,7 @@ def test_a_restarted_worker_serves_what_its_slot_served(tmp_path):
         _wait(lambda: log.exists() and " started (" in log.read_text())  # start() done: it loaded what it would
         idle = _wait(lambda: _ready(s, None))
         assert "started (no model" in log.read_text() and not idle.get("loading")
-        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-1-0")))["spec"] is None
+        assert json.loads(s.redis.get(slot_key("test-host-1-0")))["spec"] is None
     finally:
         s.stop()
 
@@ -70,11 +70,11 @@ def test_a_recorded_model_that_no_longer_loads_leaves_the_worker_up_and_idle(tmp
     s = Stack(tmp_path, num_workers=0, TESSERA_WORKER_SLOT="test-host-2-0")
     try:
         gone = ModelSpec(name="gone", source=str(tmp_path / "deleted.gguf"))
-        s.redis.set(worker_slot.slot_key("test-host-2-0"), json.dumps({"spec": gone.to_json()}))
+        s.redis.set(slot_key("test-host-2-0"), json.dumps({"spec": gone.to_json()}))
         worker = s.add_worker()
         info = _wait(lambda: [i for i in s.worker_infos() if i.get("state") == "failed"], 120)[0]
         assert "deleted.gguf" in info.get("error", "") and worker.alive()
-        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-2-0")))["spec"] is None
+        assert json.loads(s.redis.get(slot_key("test-host-2-0")))["spec"] is None
     finally:
         s.stop()
 
@@ -86,10 +86,10 @@ def test_a_model_whose_workers_keep_dying_is_resumed_twice_then_the_flags_win(tm
     try:
         spec = ModelSpec(name=LOADED, source=MODEL, max_model_len=512)
         now = time.time()
-        s.redis.set(worker_slot.slot_key("test-host-3-0"),
+        s.redis.set(slot_key("test-host-3-0"),
                     json.dumps({"spec": spec.to_json(), "resumes": [now - 60, now - 30]}))
         s.add_worker()
         _wait(lambda: _ready(s, MODEL))  # the flags' model, not the record's
-        assert json.loads(s.redis.get(worker_slot.slot_key("test-host-3-0")))["spec"]["name"] == MODEL
+        assert json.loads(s.redis.get(slot_key("test-host-3-0")))["spec"]["name"] == MODEL
     finally:
         s.stop()

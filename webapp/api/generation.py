@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from redis.exceptions import RedisError
@@ -120,17 +120,17 @@ class Generation:
                 max_tokens = validate_prompt(prompt.token_ids, self.base_params, max_model_len)
             except InvalidRequestError as error:
                 raise self.options.api_error(error) from None
-            params = dict(self.options.sampling, max_tokens=max_tokens)
+            params = self.base_params.clone(max_tokens=max_tokens)  # valid: validate_prompt checked max_tokens
             specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug,
                                            self.options.priority, self._cache_salt))
         if self.meter is not None:
             cap = await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts),
-                                         self.n * sum(spec.params["max_tokens"] for spec in specs),
+                                         self.n * sum(spec.params.max_tokens for spec in specs),
                                          self.n * len(specs))
-            if cap is not None:  # what is left of the tenant's daily budget
-                for spec in specs:
-                    spec.params.update(max_tokens=min(spec.params["max_tokens"], cap),
-                                       min_tokens=min(spec.params.get("min_tokens", 0), cap))
+            if cap is not None:  # what is left of the tenant's daily budget (at least 1 token)
+                specs = [replace(spec, params=spec.params.clone(max_tokens=min(spec.params.max_tokens, cap),
+                                                                min_tokens=min(spec.params.min_tokens, cap)))
+                         for spec in specs]
         self.stream = GenerationStream(self.model, specs)
         await self.stream.start()
 

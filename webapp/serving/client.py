@@ -28,6 +28,9 @@ from django.conf import settings
 
 from redis.exceptions import RedisError
 
+from inference.sampling_params import SamplingParams
+from webapp.transport.keys import claim_key, held_key
+
 from . import held, registry
 from .messages import Abort, Message, is_final
 from .replies import reply_router
@@ -79,7 +82,7 @@ class EngineRequestSpec:
 
     rid: str
     prompt_token_ids: list[int]
-    params: dict[str, Any]
+    params: SamplingParams  # validated, with the prompt's ``max_tokens``
     tenant: str | None = None  # the tenant's slug: its GPU share in the engine's scheduler
     priority: int = 0
     cache_salt: str | None = None  # prefix-cache key, e.g. per tenant
@@ -222,7 +225,7 @@ class GenerationStream:
         redis = get_redis()
         rids = sorted(self._unfinished)
         owners = dict(zip(rids, (o.decode() if o else None for o in
-                                 await redis.mget([registry.claim_key(r) for r in rids]))))
+                                 await redis.mget([claim_key(r) for r in rids]))))
         await self._enqueue_again_if_lost(redis, owners)
         known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
         for owner in set(owners.values()) - {None, registry.ABORTED, registry.REQUEUED} - known:
@@ -274,8 +277,8 @@ class GenerationStream:
         there: still held by it (the other workers requeue it within seconds), or requeued
         already (its claim moved on; read after the records, since taking a record and moving
         its claim are one step)."""
-        records = await redis.hmget(held.held_key(self.model), rids)
-        claims = await redis.mget([registry.claim_key(r) for r in rids])
+        records = await redis.hmget(held_key(self.model), rids)
+        claims = await redis.mget([claim_key(r) for r in rids])
         for record, claim in zip(records, claims):
             held_by_owner = record is not None and json.loads(record).get("worker") == owner
             if not held_by_owner and (claim is not None and claim.decode() == owner):
@@ -328,7 +331,7 @@ class GenerationStream:
             if rid in self._owners:
                 by_worker.setdefault(self._owners[rid], []).append(rid)
         if claimed:
-            for rid, owner in zip(claimed, await redis.mget([registry.claim_key(r) for r in claimed])):
+            for rid, owner in zip(claimed, await redis.mget([claim_key(r) for r in claimed])):
                 if owner and owner.decode() != registry.ABORTED:
                     by_worker.setdefault(owner.decode(), []).append(rid)
             pipe = redis.pipeline(transaction=False)

@@ -3,7 +3,7 @@
 Why a list of its own and not a Celery task: a worker consumes only its model's queue, and
 an idle worker (no model) consumes none, so a task could not reach it; a task on a model's
 queue would go to any worker of the model, not the one chosen. The admin ``RPUSH``es a
-JSON command onto ``tessera:worker:<id>:commands``; the worker's command thread ``BLPOP``s
+JSON command onto its list (:func:`webapp.transport.keys.commands_key`); the worker's command thread ``BLPOP``s
 them one at a time (a load takes seconds to minutes) and reports the outcome in its
 heartbeat (``state``, ``error``; see :mod:`.registry`). The list expires ``COMMAND_TTL``
 seconds after the last push, so commands to a worker that died do not pile up.
@@ -14,15 +14,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from webapp.transport.keys import commands_key
+
 from .model_spec import ModelSpec
 
 LOAD, UNLOAD, RELOAD = "load", "unload", "reload"
 OPS = (LOAD, UNLOAD, RELOAD)
 COMMAND_TTL = 600  # seconds
-
-
-def commands_key(worker_id: str) -> str:
-    return f"tessera:worker:{worker_id}:commands"
 
 
 @dataclass(frozen=True)

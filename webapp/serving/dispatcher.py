@@ -28,9 +28,10 @@ from typing import Callable
 import redis
 from redis.exceptions import RedisError
 
-from inference.sampling_params import SamplingParams
+from webapp.transport.keys import claim_key
+from webapp.transport.wire import InvalidParams
 
-from . import held, registry, request_queue
+from . import held, request_queue
 from .engine_loop import EngineLoop, EngineRequest
 from .io_loop import WorkerIO
 from .request_queue import CLAIMED, QueuedRequest, Taken
@@ -47,7 +48,10 @@ DISPLACED = "The request could not be kept waiting on this worker; retry the req
 def give_back(client: redis.Redis, model: str, record: dict) -> None:
     """Put a taken held record's request (:func:`.held.take`) back at the head of its queue and
     refund its charge; a record whose client aborted it is only refunded."""
-    request = QueuedRequest.decode(record["payload"])
+    try:
+        request = QueuedRequest.decode(record["payload"])
+    except InvalidParams as invalid:  # requeued as it is: the worker that takes it answers the 400
+        request = invalid.request
     if record.get("aborted"):
         request_queue.refund(client, model, request.tenant, float(record["charge"]))
     else:
@@ -123,16 +127,14 @@ class Dispatcher(threading.Thread):
             if not running.held:  # its held record, written by the take, must not outlive it
                 held.release(self._redis, self.model, self.worker_id, request.rid)
             return
-        self.io.ledger.open(request, taken.charge)  # its first message (even an error) settles the held record
-        try:
-            params = SamplingParams(**request.params)
-        except (TypeError, ValueError) as error:
+        self.io.ledger.open(request, taken.charge, taken.message)  # its first message (even an error) settles it
+        if taken.invalid is not None:  # sent by a web process of another version
             self.loop.release_slot()
-            self.io.reject(request.rid, 400, str(error), getattr(error, "param", None))
+            self.io.reject(request.rid, 400, str(taken.invalid.error), taken.invalid.param)
             return
         arrival = time.monotonic() - max(0.0, time.time() - request.arrival)
-        self.loop.submit(EngineRequest(request.rid, list(request.prompt_token_ids), params, arrival, request.tenant,
-                                       priority=int(request.priority), cache_salt=request.cache_salt))
+        self.loop.submit(EngineRequest(request.rid, list(request.prompt_token_ids), request.params, arrival,
+                                       request.tenant, priority=int(request.priority), cache_salt=request.cache_salt))
 
     def _make_room(self) -> None:
         """The engine is full: if the tenant whose turn it is has no request waiting in it, give
@@ -159,9 +161,9 @@ class Dispatcher(threading.Thread):
         becomes ``requeued``; its client keeps waiting)."""
         record = held.take(self._redis, self.model, self.worker_id, request_id)
         entry = self.io.ledger.get(request_id)
-        if record is None and entry is not None and self._redis.get(registry.claim_key(request_id)) in (
+        if record is None and entry is not None and self._redis.get(claim_key(request_id)) in (
                 None, self.worker_id.encode()):  # Redis lost its record (a restart): the ledger has it
-            record = {"payload": entry.request.encode(), "charge": entry.charge}
+            record = {"payload": entry.payload, "charge": entry.charge}
         if record is not None:
             self.io.forget(request_id)
             give_back(self._redis, self.model, record)

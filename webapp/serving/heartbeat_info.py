@@ -1,5 +1,4 @@
-"""What a worker's heartbeat says about it (part of :class:`.runtime.WorkerRuntime`): its
-state and model, the engine's settings and stats, the process and its devices. The I/O
+"""What a worker's heartbeat says about it (:func:`heartbeat_info`): its state and model, the engine's settings and stats, the process and its devices. The I/O
 thread (:mod:`.io_loop`) asks for it at every heartbeat and writes it to Redis
 (:mod:`.registry`).
 """
@@ -9,36 +8,35 @@ import os
 from typing import Any
 
 from .devices import describe_device, gpu_stats
-from .model_lifecycle import LOADING, READY, UNLOADING
+from .model_lifecycle import LOADING, READY, UNLOADING, ModelHost
 
 
-class HeartbeatInfo:
-    """The heartbeat part of :class:`.runtime.WorkerRuntime` (it uses that class's attributes)."""
-
-    def _info(self) -> dict[str, Any]:
-        loop, spec, state = self.loop, self.spec, self.state
-        serving = state in (READY, UNLOADING) and loop is not None and spec is not None
-        stats = loop.stats if serving else None
-        info = {
-            "model": spec.name if serving else None,
-            "source": spec.source if serving else None,
-            "state": state,
-            "loading": spec.name if state == LOADING and spec is not None else None,
-            "error": self.error,
-            "ready_at": self.ready_at if serving else None,
-            "pid": os.getpid(),
-            "started": self.started,
-            **describe_device(),
-            "gpus": gpu_stats(),
-            "max_model_len": int(self.engine.max_model_len) if serving else None,
-            "cache_config": _cache_config(self.engine) if serving else None,
-            "scheduling_policy": self.engine.config.scheduler.scheduling_policy if serving else None,
-            "stats": (dict(vars(stats)) if not isinstance(stats, dict) else stats) if stats is not None else {},
-            "num_steps": loop.num_steps if serving else 0,
-            "tenant_shares": loop.tenant_shares.shares if serving and loop.tenant_shares else None,
-            "live": serving and state == READY and loop.is_alive() and not self._closing.is_set(),
-        }
-        return info
+def heartbeat_info(host: ModelHost, started: float, closing: bool) -> dict[str, Any]:
+    """The heartbeat's info of a worker whose model is ``host``'s, started at ``started``
+    (``time.time()``); ``closing``: the worker is shutting down (it admits no request)."""
+    loop, spec, state = host.loop, host.spec, host.state
+    serving = state in (READY, UNLOADING) and loop is not None and spec is not None
+    stats = loop.stats if serving else None
+    engine = host.engine
+    return {
+        "model": spec.name if serving else None,
+        "source": spec.source if serving else None,
+        "state": state,
+        "loading": spec.name if state == LOADING and spec is not None else None,
+        "error": host.error,
+        "ready_at": host.ready_at if serving else None,
+        "pid": os.getpid(),
+        "started": started,
+        **describe_device(),
+        "gpus": gpu_stats(),
+        "max_model_len": int(engine.max_model_len) if serving else None,
+        "cache_config": _cache_config(engine) if serving else None,
+        "scheduling_policy": engine.config.scheduler.scheduling_policy if serving else None,
+        "stats": (dict(vars(stats)) if not isinstance(stats, dict) else stats) if stats is not None else {},
+        "num_steps": loop.num_steps if serving else 0,
+        "tenant_shares": loop.tenant_shares.shares if serving and loop.tenant_shares else None,
+        "live": serving and state == READY and loop.is_alive() and not closing,
+    }
 
 
 def _cache_config(engine) -> dict[str, Any]:

@@ -5,7 +5,7 @@ A worker takes a request out of Redis before its engine starts it: the request w
 engine's backlog (its scheduler's waiting queue, where the tenants' shares pick the next
 request). If the worker is killed then, nothing else would bring the request back. So the
 worker records it in Redis
-(``tessera:held:<model>``, field request id -> JSON ``{"worker", "payload", "charge"}``) as it
+(:func:`webapp.transport.keys.held_key`: request id -> JSON ``{"worker", "payload", "charge"}``) as it
 takes it off the queue (:func:`.request_queue.take`, in the same atomic step),
 and removes the record (:func:`settle`) when the request's first output or error is published,
 when its client aborts it, or when the worker gives it back. A client that leaves while its request
@@ -16,7 +16,8 @@ back on the model's queue, within about ``HEARTBEAT_TTL + RECLAIM_INTERVAL`` sec
 the death.
 
 Exactly once, even with a worker that only stalled (its heartbeat expired, yet it runs on):
-taking a record (:func:`take_orphans`) and settling it are Lua scripts, atomic in Redis. Taking
+taking a record (:func:`take_orphans`) and settling it are Lua scripts, atomic in Redis
+(:mod:`webapp.transport.queue_scripts`). Taking
 removes the record and turns the dead worker's claim into ``REQUEUED`` (so the requeued copy
 can claim it); settling removes the record only while the claim still names this worker, and
 a worker publishes nothing of a request it could not settle (it aborts it). So whichever comes
@@ -37,6 +38,10 @@ import logging
 import threading
 from typing import Any, Callable
 
+from webapp.transport import queue_scripts
+from webapp.transport.keys import claim_key, held_key, worker_key
+from webapp.transport.wire import request_id_of
+
 from . import registry
 
 logger = logging.getLogger(__name__)
@@ -44,74 +49,9 @@ logger = logging.getLogger(__name__)
 RECLAIM_INTERVAL = 1.0  # seconds between two checks for requests held by dead workers
 
 
-def held_key(model: str) -> str:
-    return f"tessera:held:{model}"
-
-
-# KEYS: the held hash; ARGV: the request id, the worker's id.
-RELEASE_SCRIPT = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if raw and cjson.decode(raw)['worker'] == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
-end
-return 0
-"""
-
-
 def release(redis, model: str, worker_id: str, request_id: str) -> None:
     """``worker_id`` gave the request back, or could not claim it: forget its record (only its own)."""
-    redis.register_script(RELEASE_SCRIPT)(keys=[held_key(model)], args=[request_id, worker_id])
-
-
-# KEYS: the claim, the held hash; ARGV: this worker's id, the request id, ABORTED, the claim's TTL (s).
-# A claim that is gone (Redis lost its data) is taken: the request's web process enqueued a copy,
-# which then finds it claimed and is dropped.
-SETTLE_SCRIPT = """
-local claim = redis.call('GET', KEYS[1])
-if claim == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
-  claim = ARGV[1]
-end
-if claim == ARGV[1] then
-  redis.call('HDEL', KEYS[2], ARGV[2])
-  return 1
-end
-if claim == ARGV[3] then
-  local raw = redis.call('HGET', KEYS[2], ARGV[2])
-  if raw and cjson.decode(raw)['worker'] == ARGV[1] then
-    redis.call('HDEL', KEYS[2], ARGV[2])
-  end
-end
-return 0
-"""
-
-# KEYS: the held hash, the claim; ARGV: the request id, the dead worker's id, REQUEUED, TTL (s), ABORTED.
-TAKE_SCRIPT = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw or cjson.decode(raw)['worker'] ~= ARGV[2] then
-  return false
-end
-redis.call('HDEL', KEYS[1], ARGV[1])
-local claim = redis.call('GET', KEYS[2])
-if claim == ARGV[5] then
-  return {raw, 'aborted'}
-end
-if claim == ARGV[2] then
-  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-end
-return {raw, 'requeue'}
-"""
-
-# KEYS: the claim, the held hash; ARGV: the request id, ABORTED, TTL (s).
-ABORT_HELD_SCRIPT = """
-local owner = redis.call('GET', KEYS[1])
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if owner and raw and cjson.decode(raw)['worker'] == owner then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-  return 1
-end
-return 0
-"""
+    redis.register_script(queue_scripts.RELEASE_HELD)(keys=[held_key(model)], args=[request_id, worker_id])
 
 
 def settle(redis, model: str, worker_id: str, request_id: str, client=None):
@@ -119,9 +59,9 @@ def settle(redis, model: str, worker_id: str, request_id: str, client=None):
     remove its record. Returns 1 if the claim still names ``worker_id`` (the request is this
     worker's to run), 0 if another worker took it over (this one must drop it). With ``client``
     (a pipeline), the result comes from its ``execute``."""
-    return redis.register_script(SETTLE_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
-                                                args=[worker_id, request_id, registry.ABORTED, registry.CLAIM_TTL],
-                                                client=client)
+    return redis.register_script(queue_scripts.SETTLE_HELD)(
+        keys=[claim_key(request_id), held_key(model)],
+        args=[worker_id, request_id, registry.ABORTED, registry.CLAIM_TTL], client=client)
 
 
 def abort_held(redis, model: str, request_id: str, client=None):
@@ -130,9 +70,9 @@ def abort_held(redis, model: str, request_id: str, client=None):
     :func:`settle` fails and removes the record) nor a requeued copy (:func:`take` drops it)
     ever runs it. Returns 1 if it was held, else 0 (a pipeline's ``execute`` gives it with
     ``client``)."""
-    return redis.register_script(ABORT_HELD_SCRIPT)(keys=[registry.claim_key(request_id), held_key(model)],
-                                                    args=[request_id, registry.ABORTED, registry.CLAIM_TTL],
-                                                    client=client)
+    return redis.register_script(queue_scripts.ABORT_HELD)(
+        keys=[claim_key(request_id), held_key(model)], args=[request_id, registry.ABORTED, registry.CLAIM_TTL],
+        client=client)
 
 
 def take_orphans(redis, model: str) -> list[dict[str, Any]]:
@@ -144,7 +84,7 @@ def take_orphans(redis, model: str) -> list[dict[str, Any]]:
     if not records:
         return []
     owners = sorted({r["worker"] for r in records.values()})
-    alive = dict(zip(owners, (raw is not None for raw in redis.mget([registry.worker_key(w) for w in owners]))))
+    alive = dict(zip(owners, (raw is not None for raw in redis.mget([worker_key(w) for w in owners]))))
     taken = [take(redis, model, record["worker"], rid) for rid, record in records.items() if not alive[record["worker"]]]
     return [record for record in taken if record is not None]
 
@@ -156,9 +96,9 @@ def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] |
     counter was charged, ``aborted``: True when its client aborted it, :func:`abort_held`, and it
     must not be requeued, only refunded), None when the record was not there (taken already, or
     settled)."""
-    found = redis.register_script(TAKE_SCRIPT)(keys=[held_key(model), registry.claim_key(request_id)],
-                                               args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL,
-                                                     registry.ABORTED])
+    found = redis.register_script(queue_scripts.TAKE_HELD)(
+        keys=[held_key(model), claim_key(request_id)],
+        args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL, registry.ABORTED])
     if not found:
         return None
     record = json.loads(found[0])
@@ -187,7 +127,7 @@ class OrphanReclaimer(threading.Thread):
             try:
                 for record in take_orphans(self._redis, self._model):
                     logger.warning("request %s was held by a worker that died; putting it back on the queue",
-                                   record["payload"].split(" ", 1)[0])
+                                   request_id_of(record["payload"]))
                     self._requeue(record)
             except Exception:  # noqa: BLE001 (Redis unreachable for a moment: try again next time)
                 logger.exception("reclaiming held requests failed")

@@ -1,8 +1,9 @@
 """The worker's I/O thread: one asyncio loop that does all of a worker's Redis traffic.
 
 * publishes engine outputs: everything that piled up while the previous publish was in
-  flight is coalesced per request and written with one pipeline (:func:`.publish.bulk_send`),
-  so a slow Redis delays delivery but never the engine loop;
+  flight is coalesced per request and written with one pipeline
+  (:func:`webapp.transport.channel_layer.bulk_send`), so a slow Redis delays delivery but never
+  the engine loop;
 * settles the held record of a request (:mod:`.held`) before publishing its first output or
   error, and drops (aborts) a request that another worker took over meanwhile;
 * receives aborts on the worker's control channel and passes them to the engine loop;
@@ -25,14 +26,16 @@ from typing import Any, Callable
 from channels_redis.core import RedisChannelLayer
 from redis.exceptions import RedisError
 
+from webapp.transport.channel_layer import CONTROL_CHANNEL_PREFIX, bulk_send
+from webapp.transport.keys import SHARES_KEY, WORKERS_KEY, claim_key, worker_key
+
 from . import held, registry
 from .ledger import RequestLedger
 from .messages import Abort, coalesce, encode_output, error_message, is_final
-from .publish import bulk_send
 from .recent_stats import RecentStats
 from .request_queue import epoch
 from .stat_logger import LOG_INTERVAL, StatLogger
-from .tenant_shares import SHARES_KEY, TenantShares, decode_shares
+from .tenant_shares import TenantShares, decode_shares
 from .worker_metrics import CounterDeltas, RequestMetrics, flat_totals
 
 logger = logging.getLogger(__name__)
@@ -131,7 +134,7 @@ class WorkerIO(threading.Thread):
 
     async def _main(self) -> None:
         self._queue = asyncio.Queue()
-        self.control_channel = await self.layer.new_channel("tessera.worker")
+        self.control_channel = await self.layer.new_channel(CONTROL_CHANNEL_PREFIX)
         await self._heartbeat_once()
         tasks = [asyncio.ensure_future(c) for c in (self._publisher(), self._control(), self._heartbeat())]
         self._ready.set()
@@ -155,8 +158,8 @@ class WorkerIO(threading.Thread):
             await self._push_counters(self._info())
         except Exception:
             logger.exception("final metrics push failed")
-        await redis.delete(registry.worker_key(self.worker_id))
-        await redis.zrem(registry.WORKERS_KEY, self.worker_id)
+        await redis.delete(worker_key(self.worker_id))
+        await redis.zrem(WORKERS_KEY, self.worker_id)
         self._tasks[1].cancel()
 
     async def _end_model(self) -> None:
@@ -222,7 +225,7 @@ class WorkerIO(threading.Thread):
             if is_final(message):
                 self.ledger.end(rid)
                 # Kept a while, not deleted: a copy enqueued again (Redis lost its data) must find it claimed.
-                cleanup.append(("expire", (registry.claim_key(rid), registry.CLAIM_DONE_TTL), {}))
+                cleanup.append(("expire", (claim_key(rid), registry.CLAIM_DONE_TTL), {}))
         cleanup += self.ledger.counter_commands()
         await self._send(items, cleanup)
 

@@ -17,7 +17,8 @@ Charges: the dequeue charges a tenant's shared counter with what a request *may*
 plus ``n`` × ``max_tokens``); the ledger counts what it cost as its messages go out (its prompt at
 the first output, then every output token) and, at its end, adds the difference, so that a
 request that stopped early gives back what it did not use. The same counts feed
-``served:<tenant>`` of ``tessera:fair:<model>``, which the dashboard's share chart reads.
+``served:<tenant>`` of the model's fair hash (:func:`webapp.transport.keys.fair_key`), which the
+dashboard's share chart reads.
 
 Threads: the dispatcher calls :meth:`RequestLedger.open`; everything else runs on the worker's
 I/O thread. An entry is added whole, in one dict assignment (atomic under the GIL).
@@ -28,16 +29,16 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .held import held_key
-from .registry import claim_key
-from .request_queue import QueuedRequest, fair_key
+from webapp.transport.keys import claim_key, counter_field, fair_key, held_key, served_field
+from webapp.transport.wire import QueuedRequest
 
 
 @dataclass
 class Entry:
     """What the worker knows of one request it took (see the module docstring)."""
 
-    request: QueuedRequest  # as taken (to requeue it, or to restore its records after Redis lost them)
+    request: QueuedRequest
+    payload: str  # the request as queued (to requeue it, or to restore its records after Redis lost them)
     model: str
     reply: str | None  # its reply channel; None once it ended (nothing more is published)
     held: bool  # its held record stands (not started yet)
@@ -60,10 +61,11 @@ class RequestLedger:
     def __contains__(self, rid: str) -> bool:
         return rid in self._entries
 
-    def open(self, request: QueuedRequest, charge: float) -> None:
-        """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens."""
-        self._entries[request.rid] = Entry(request, request.model, request.reply, True, request.tenant or "",
-                                           charge, request.cost)
+    def open(self, request: QueuedRequest, charge: float, payload: str | None = None) -> None:
+        """``request`` was taken off its queue (held, claimed) with ``charge`` virtual tokens;
+        ``payload``: its message as queued (None: ``request.encode()``)."""
+        self._entries[request.rid] = Entry(request, payload or request.encode(), request.model, request.reply, True,
+                                           request.tenant or "", charge, request.cost)
 
     def get(self, rid: str) -> Entry | None:
         return self._entries.get(rid)
@@ -77,7 +79,7 @@ class RequestLedger:
                 continue
             commands.append(("set", (claim_key(rid), worker_id), {"nx": True, "ex": claim_ttl}))
             if entry.held:
-                record = json.dumps({"worker": worker_id, "payload": entry.request.encode(), "charge": entry.charge})
+                record = json.dumps({"worker": worker_id, "payload": entry.payload, "charge": entry.charge})
                 commands.append(("hsetnx", (held_key(entry.model), rid, record), {}))
         return commands
 
@@ -133,9 +135,9 @@ class RequestLedger:
         commands: list[tuple[str, tuple, dict]] = []
         for (model, tenant), amount in self._counters.items():
             if amount:
-                commands.append(("hincrbyfloat", (fair_key(model), f"c:{tenant}", amount), {}))
+                commands.append(("hincrbyfloat", (fair_key(model), counter_field(tenant), amount), {}))
         for (model, tenant), tokens in self._served.items():
-            commands.append(("hincrby", (fair_key(model), f"served:{tenant}", tokens), {}))
+            commands.append(("hincrby", (fair_key(model), served_field(tenant), tokens), {}))
         self._counters.clear()
         self._served.clear()
         return commands

@@ -1,5 +1,5 @@
 """Wire format of what workers send back on a request's reply channel, the abort the web sends a
-worker, and coalescing. (The request itself, web to worker, is :class:`.request_queue.QueuedRequest`.)
+worker, and coalescing. (The request itself, web to worker, is :class:`webapp.transport.wire.QueuedRequest`.)
 
 A *delta* message carries what one engine request produced since the previous message:
 

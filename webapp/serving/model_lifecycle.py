@@ -1,4 +1,5 @@
-"""Load, unload and reload the one model a worker serves (part of :class:`.runtime.WorkerRuntime`).
+"""Load, unload and reload the one model a worker serves: :class:`ModelHost`, which
+:class:`.runtime.WorkerRuntime` holds.
 
 Why the process outlives its engine: a worker may start with a model or with none
 (``idle``), and takes load / unload / reload commands from its command list
@@ -14,13 +15,22 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import signal
+import threading
 import time
+from typing import Any, Callable
 
 import torch
 
+from inference import EngineArgs
+
+from . import held
 from .dispatcher import Dispatcher, reclaimer
 from .engine_loop import EngineLoop
+from .io_loop import WorkerIO
 from .model_spec import ModelSpec
+from .tenant_shares import TenantShares
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +54,48 @@ def default_max_waiting_requests(max_num_seqs: int) -> int:
     return max(2 * max_num_seqs, MIN_DEFAULT_BACKLOG)
 
 
-class ModelLifecycle:
-    """The model part of :class:`.runtime.WorkerRuntime` (it uses that class's attributes):
-    ``state``, ``spec`` and the engine, its loop and its queue, under the admission lock."""
+class ModelHost:
+    """The engine of the model a worker serves (none while ``idle`` or ``failed``), its step-loop
+    thread, the dispatcher that feeds it from the model's queues and the reclaimer of its dead
+    workers' requests; :meth:`load` and :meth:`unload` move it between the states.
+
+    Args:
+        base_args: the worker's engine flags; a loaded model's :class:`ModelSpec` is laid over them.
+        engine_builder: builds an ``inference.LLMEngine`` from ``EngineArgs`` (called on the
+            engine-loop thread).
+        io: the worker's I/O thread (publishes the engine's outputs, its requests' ledger).
+        redis_url: Redis of the model's queues.
+        worker_id: this worker's id (its claims and held records).
+        closing: set once the worker shuts down (an engine failure sets it too).
+        max_waiting_requests: the engine's backlog beyond ``max_num_seqs``, in requests; None:
+            :func:`default_max_waiting_requests` of the loaded model's ``max_num_seqs``.
+
+    Attributes:
+        state: ``idle``, ``loading``, ``ready``, ``unloading`` or ``failed`` (idle, with the
+            last load's ``error``).
+        spec: the model loading or served, None without one.
+        ready_at: ``time.time()`` when the current model became ready.
+    """
+
+    def __init__(self, base_args: EngineArgs, engine_builder: Callable[[EngineArgs], Any], io: WorkerIO,
+                 redis_url: str, worker_id: str, closing: threading.Event,
+                 max_waiting_requests: int | None = None) -> None:
+        self.base_args = base_args
+        self.max_waiting_requests = max_waiting_requests
+        self.worker_id = worker_id
+        self.io = io
+        self.closing = closing
+        self._redis_url = redis_url
+        self._build_engine = engine_builder
+        self._lock = threading.Lock()  # admission against unload: no request enters a stopping engine
+        self.state, self.error = IDLE, None
+        self.spec: ModelSpec | None = None
+        self.ready_at: float | None = None
+        self.loop: EngineLoop | None = None
+        self.engine: Any = None
+        self._shares: TenantShares | None = None
+        self.dispatcher: Dispatcher | None = None  # takes the served model's requests into its engine
+        self.reclaimer: held.OrphanReclaimer | None = None  # for the served model's held requests
 
     @property
     def model(self) -> str | None:
@@ -124,6 +173,38 @@ class ModelLifecycle:
         del loop
         _free_memory()
         logger.info("model %s unloaded", name)
+
+    def stop(self) -> None:
+        """Stop taking requests; those in the engine are ended with an error to their clients."""
+        self._stop_dispatcher()
+        if self.loop is not None:
+            self.loop.stop()
+
+    def join(self) -> None:
+        """After :meth:`stop`: stop reclaiming and wait (up to 10 s) for the engine loop to end."""
+        self._stop_reclaimer()
+        if self.loop is not None:
+            self.loop.join(10)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """The clients of ``request_ids`` left: the engine drops them."""
+        if self.loop is not None:
+            self.loop.abort(request_ids)
+
+    def set_tenant_shares(self, shares: TenantShares) -> None:
+        """The tenants' GPU shares changed: pass them to the engine (and to the next one loaded)."""
+        self._shares = shares
+        if self.loop is not None:
+            self.loop.set_tenant_shares(shares)
+
+    def _on_engine_failure(self, error: BaseException) -> None:
+        """The engine raised: stop this worker (warm shutdown), so that a supervisor such as
+        ``manage.py serve`` starts a fresh one; queued requests wait for it in Redis."""
+        logger.error("engine failed (%s); stopping worker %s", error, self.worker_id)
+        self.closing.set()
+        if self.dispatcher is not None:
+            self.dispatcher.stop(timeout=0)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _stop_dispatcher(self) -> None:
         if self.dispatcher is not None:

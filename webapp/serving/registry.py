@@ -1,20 +1,15 @@
-"""Redis keys shared by web processes and workers: heartbeats, worker info and request claims.
+"""Workers and claims in Redis: heartbeats and worker info, request claims, and the models' metric totals
+(the keys: :mod:`webapp.transport.keys`).
 
-* ``tessera:workers`` — sorted set, worker id -> time (s) of its last heartbeat.
-* ``tessera:worker:<id>`` — JSON worker info (model, state, device, live stats), expiring
-  ``HEARTBEAT_TTL`` seconds after the last heartbeat: a worker that died vanishes.
-* ``tessera:worker:<id>:commands`` — list of model commands to the worker (:mod:`.commands`).
-* ``tessera:claim:<request id>`` — the id of the worker whose engine took the request,
-  ``"aborted"`` when the client left before any worker took it, or ``"requeued"`` when the
-  worker that took it died before starting it and another worker put it back on the queue
-  (:mod:`.held`). Set by :func:`claim` only when absent or ``"requeued"``, so exactly one
-  party wins: a request is never run by two workers, and an abort is never lost. Kept
-  ``CLAIM_DONE_TTL`` seconds after the request finished, for late redeliveries.
-* ``tessera:metrics:<model>`` — hash, the model's cumulative metrics over all its workers
-  past and present (:mod:`.worker_metrics` names the fields), plus ``created`` (the Unix
-  time the totals started, exported as ``_created``). Workers add increments; never expires.
-  ``tessera:metrics:models`` is the set of those models, so that ``/metrics`` keeps exporting
-  a model's counters after its last worker unloaded it.
+A worker's heartbeat (every ``HEARTBEAT_INTERVAL`` seconds) writes its info with a TTL of
+``HEARTBEAT_TTL`` seconds: a worker that died vanishes. A request's claim names the worker whose
+engine took it, ``ABORTED`` when the client left before any worker took it, or ``REQUEUED`` when
+the worker that took it died before starting it and another worker put it back on the queue
+(:mod:`.held`). It is set by :func:`claim` only when absent or ``REQUEUED``, so exactly one party
+wins: a request is never run by two workers, and an abort is never lost. It is kept
+``CLAIM_DONE_TTL`` seconds after the request finished, for late redeliveries. The models'
+cumulative metrics (:mod:`.worker_metrics` names the fields) are hashes to which workers add
+increments; they never expire.
 """
 from __future__ import annotations
 
@@ -22,8 +17,9 @@ import json
 import time
 from typing import Any
 
-WORKERS_KEY = "tessera:workers"
-METRICS_MODELS_KEY = "tessera:metrics:models"  # set of the models that have totals
+from webapp.transport import queue_scripts
+from webapp.transport.keys import METRICS_MODELS_KEY, WORKERS_KEY, claim_key, metrics_key, worker_key
+
 HEARTBEAT_INTERVAL = 0.5  # seconds between heartbeats
 HEARTBEAT_TTL = 4  # seconds after which a silent worker counts as dead
 CLAIM_TTL = 3600  # seconds
@@ -31,36 +27,14 @@ CLAIM_DONE_TTL = 300  # seconds a claim outlives its finished request (longer th
 ABORTED = "aborted"
 REQUEUED = "requeued"
 
-# KEYS[1] the claim; ARGV: new owner, TTL (s), REQUEUED. 1 when the caller now owns the claim.
-CLAIM_SCRIPT = """
-local owner = redis.call('GET', KEYS[1])
-if owner == false or owner == ARGV[3] then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-  return 1
-end
-return 0
-"""
-
-
-def worker_key(worker_id: str) -> str:
-    return f"tessera:worker:{worker_id}"
-
-
-def claim_key(request_id: str) -> str:
-    return f"tessera:claim:{request_id}"
-
 
 def claim(redis, request_id: str, owner: str, client=None):
     """Claim ``request_id`` for ``owner`` (a worker id, or ``ABORTED``) if nobody holds it: the
     claim is absent, or ``REQUEUED`` (its first worker died before starting it). Returns 1 when
     ``owner`` won, else 0 (an awaitable with a ``redis.asyncio`` client; with ``client``, a
     pipeline, the result comes from its ``execute``)."""
-    return redis.register_script(CLAIM_SCRIPT)(keys=[claim_key(request_id)],
-                                               args=[owner, CLAIM_TTL, REQUEUED], client=client)
-
-
-def metrics_key(model: str) -> str:
-    return f"tessera:metrics:{model}"
+    return redis.register_script(queue_scripts.CLAIM)(keys=[claim_key(request_id)],
+                                                      args=[owner, CLAIM_TTL, REQUEUED], client=client)
 
 
 def counter_increment_commands(model: str, increments: dict[str, float]) -> list[tuple[str, tuple, dict]]:

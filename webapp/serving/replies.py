@@ -1,7 +1,7 @@
 """Reply channels of a web process: one reader hands every worker message to its stream.
 
 Workers write the deltas for all reply channels of one web process into one Redis sorted
-set, in the Channels layer's storage format (:func:`.publish.bulk_send`). The layer's own
+set, in the Channels layer's storage format (:mod:`webapp.transport.channel_layer`). The layer's own
 ``receive`` would cost every stream two tasks and a lock per message, and every message
 four Redis round trips (a Lua clean-up, ``BZPOPMIN``, then adding to and removing from a
 backup set that protects against a receiver dying mid-way; pointless here, as a reply
@@ -19,11 +19,10 @@ from typing import Any, Callable
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
-from .publish import BATCH_TYPE
+from webapp.transport.channel_layer import REPLY_CHANNEL_PREFIX, group_key, pop_group, unpack
 
 logger = logging.getLogger(__name__)
 
-CHANNEL_PREFIX = "tessera.reply"
 READ_TIMEOUT = 5  # seconds one BZPOPMIN blocks (below the layer's 30 s socket timeout)
 RETRY_DELAY = 0.5  # seconds before reading again after a Redis error
 
@@ -34,16 +33,15 @@ class ReplyRouter:
     """Reply channels of this process on one event loop, and the task that reads them.
 
     Channel names have the layer's format for process-specific channels
-    (``tessera.reply.<client prefix>!<id>``), so :func:`.publish.bulk_send` batches all
+    (``tessera.reply.<client prefix>!<id>``), so :func:`webapp.transport.channel_layer.bulk_send` batches all
     messages for this process into one sorted-set member.
     """
 
     def __init__(self, layer: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.layer = layer
         self.loop = loop  # held, so that its id (the key in ``_routers``) is never reused
-        self.group = f"{CHANNEL_PREFIX}.{layer.client_prefix}!"  # the part all reply channels share
-        self._key = layer.prefix + self.group
-        self._index = layer.consistent_hash(self.group)
+        self.group = f"{REPLY_CHANNEL_PREFIX}.{layer.client_prefix}!"  # the part all reply channels share
+        self._index, self._key = group_key(layer, self.group)
         self._sinks: dict[str, Sink] = {}
         self._reader: asyncio.Task | None = None
 
@@ -61,23 +59,18 @@ class ReplyRouter:
         self._sinks.pop(channel, None)
 
     async def _read(self) -> None:
-        connection = self.layer.connection(self._index)
         while True:
             try:
-                popped = await connection.bzpopmin(self._key, timeout=READ_TIMEOUT)
+                message = await pop_group(self.layer, self._index, self._key, READ_TIMEOUT)
             except RedisError as error:
                 logger.warning("reading reply channels failed: %s", error)
                 await asyncio.sleep(RETRY_DELAY)
                 continue
-            if popped is not None:
-                self._dispatch(self.layer.deserialize(popped[1]))
+            if message is not None:
+                self._dispatch(message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        if message.get("type") == BATCH_TYPE:
-            routed = message["messages"].items()
-        else:  # one message sent with the layer's own send()
-            routed = [(message.pop("__asgi_channel__", None), [message])]
-        for channel, messages in routed:
+        for channel, messages in unpack(message):
             sink = self._sinks.get(channel)
             if sink is not None:
                 try:

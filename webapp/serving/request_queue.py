@@ -1,27 +1,16 @@
 """The model's request queues in Redis, one per tenant, and the share-aware dequeue over them.
 
-Keys (``<model>`` is the served model's name, ``<tenant>`` a tenant's slug, empty for requests
-of no tenant):
+The keys (:mod:`webapp.transport.keys`): a list of :class:`QueuedRequest` messages per model and
+tenant (:func:`~webapp.transport.keys.queue_key`), the set of a model's tenants with a queue, a
+doorbell that wakes idle workers, the model's virtual token counters
+(:func:`~webapp.transport.keys.fair_key`) and the epoch that tells when Redis lost its data (then
+the web processes enqueue their requests again: :func:`enqueue` returns it).
 
-* ``tessera:queue:<model>:<tenant>`` — list of :class:`QueuedRequest` messages; the web
-  process pushes on the left, workers take from the right (first in, first out) and a
-  request given back goes to the right again (next in line).
-* ``tessera:queues:<model>`` — set of the tenants that have a queue of ``<model>``.
-* ``tessera:epoch`` — a random value set by the first enqueue into an empty Redis: when it
-  changes, Redis lost its data (a restart without persistence) and with it the queued
-  requests, which their web processes then enqueue again (:func:`enqueue` returns it).
-* ``tessera:doorbell:<model>`` — a short list the web process pushes to after enqueueing,
-  so that an idle worker's blocking pop wakes at once instead of polling.
-* ``tessera:fair:<model>`` — hash, the model's virtual token counters shared by all its
-  workers: ``vt`` (the virtual time), ``c:<tenant>`` (the tenant's counter, in tokens per
-  percent of share) and ``served:<tenant>`` (tokens the workers computed for the tenant:
-  prompt tokens at their first output, then every output token; the dashboard's share chart).
-
-The dequeue (:data:`TAKE_SCRIPT`, one atomic Lua script) is start-time fair queuing over the
-tenant queues, with the Virtual Token Counter of Sheng et al., "Fairness in Serving Large
-Language Models" (OSDI 2024) as the tenants' finish tags — the counters the engine's
-scheduler keeps (:mod:`inference.core.fair_share`), shared in Redis by every worker of the
-model so that the shares hold in aggregate, not per worker:
+The dequeue (:data:`webapp.transport.queue_scripts.TAKE`, one atomic Lua script) is start-time
+fair queuing over the tenant queues, with the Virtual Token Counter of Sheng et al., "Fairness in
+Serving Large Language Models" (OSDI 2024) as the tenants' finish tags — the counters the
+engine's scheduler keeps (:mod:`inference.core.fair_share`), shared in Redis by every worker of
+the model so that the shares hold in aggregate, not per worker:
 
 * among the tenants with queued requests, the one with the lowest counter goes next (ties:
   the lower tenant priority, then the slug);
@@ -41,203 +30,23 @@ taking one loses nothing (the other workers requeue what it held).
 """
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from inference.core.fair_share import MIN_SHARE
+from webapp.transport import queue_scripts
+from webapp.transport.keys import (
+    DOORBELL_LENGTH, EPOCH_KEY, SERVED_FIELD_PREFIX, SHARES_KEY, claim_key, counter_field, doorbell_key, fair_key,
+    held_key, queue_key, queue_prefix, queues_key)
+from webapp.transport.wire import InvalidParams, QueuedRequest
 
-from .held import held_key
-from .registry import ABORTED, CLAIM_TTL, REQUEUED, claim_key
-from .tenant_shares import SHARES_KEY
+from .registry import ABORTED, CLAIM_TTL, REQUEUED
 
-DOORBELL_LENGTH = 64  # rings kept: enough to wake every idle worker of a model
-
-
-def queue_key(model: str, tenant: str | None) -> str:
-    """The list of ``model``'s requests of ``tenant`` (None: of no tenant)."""
-    return f"tessera:queue:{model}:{tenant or ''}"
-
-
-def queues_key(model: str) -> str:
-    return f"tessera:queues:{model}"
-
-
-def doorbell_key(model: str) -> str:
-    return f"tessera:doorbell:{model}"
-
-
-def fair_key(model: str) -> str:
-    return f"tessera:fair:{model}"
-
-
-@dataclass(frozen=True)
-class QueuedRequest:
-    """One engine request on its way from a web process to a worker.
-
-    Attributes:
-        rid: the engine request id (unique across the cluster).
-        reply: the Channels channel its messages go to.
-        model: the served model's name.
-        prompt_token_ids: the tokenized prompt.
-        params: ``SamplingParams`` keyword arguments, validated by the web process.
-        arrival: ``time.time()`` at the web process, in seconds.
-        tenant: the tenant's slug (its GPU share), or None.
-        priority: scheduling priority (lower runs earlier; the ``priority`` policy only).
-        cache_salt: prefix-cache key, None to share with every unsalted request.
-    """
-
-    rid: str
-    reply: str
-    model: str
-    prompt_token_ids: list[int]
-    params: dict[str, Any]
-    arrival: float
-    tenant: str | None = None
-    priority: int = 0
-    cache_salt: str | None = None
-
-    @property
-    def cost(self) -> int:
-        """Tokens the request may cost the engine, in tokens: its prompt plus ``n`` ×
-        ``max_tokens`` (what the scheduler charges for admitting it)."""
-        return max(1, len(self.prompt_token_ids)
-                   + int(self.params.get("n") or 1) * int(self.params.get("max_tokens") or 0))
-
-    def encode(self) -> str:
-        """The queue's wire format: ``"<rid> <cost>\\n<JSON>"`` (the header lets the dequeue
-        script charge the request without parsing the prompt)."""
-        return f"{self.rid} {self.cost}\n{json.dumps(asdict(self), separators=(',', ':'))}"
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> QueuedRequest:
-        """Inverse of :meth:`encode`.
-
-        Raises:
-            ValueError: ``raw`` is not such a message.
-        """
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        _, sep, body = text.partition("\n")
-        try:
-            return cls(**json.loads(body)) if sep else cls(**json.loads(text))
-        except (TypeError, json.JSONDecodeError) as error:
-            raise ValueError(f"not a queued request: {error}") from None
-
-
-# Lua helpers shared by the scripts: a tenant's weight and priority from the shares hash, and the
-# share-aware choice of the next tenant.
-_WEIGHT = f"""
-local function tenant_entry(tenant)
-  if tenant == '' then return nil end
-  local raw = redis.call('HGET', KEYS[3], tenant)
-  if not raw then return nil end
-  local ok, entry = pcall(cjson.decode, raw)
-  if ok and type(entry) == 'table' then return entry end
-  return nil
-end
-local function weight(tenant)
-  local entry = tenant_entry(tenant)
-  local share = entry and tonumber(entry['share']) or 0
-  if share < {MIN_SHARE} then share = {MIN_SHARE} end
-  return share
-end
-local function priority(tenant)
-  local entry = tenant_entry(tenant)
-  return entry and tonumber(entry['priority']) or 0
-end
--- The tenant whose queue goes next (only: that tenant's, if it has requests), with its counter
--- lifted to the virtual time; nil when the queues are empty. KEYS[1]: the tenants set, KEYS[2]:
--- the fair hash, ARGV[1]: the queue key prefix.
-local function pick(only)
-  local vt = tonumber(redis.call('HGET', KEYS[2], 'vt') or '0')
-  local best, best_c, best_p
-  for _, tenant in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    if (only == nil or tenant == only) and redis.call('LLEN', ARGV[1] .. tenant) > 0 then
-      local c = tonumber(redis.call('HGET', KEYS[2], 'c:' .. tenant) or '0')
-      if c < vt then c = vt end
-      local p = priority(tenant)
-      if best == nil or c < best_c or (c == best_c and (p < best_p or (p == best_p and tenant < best))) then
-        best, best_c, best_p = tenant, c, p
-      end
-    end
-  end
-  return best, best_c
-end
-"""
-
-# KEYS: the tenants set, the fair hash, the shares hash, the held hash; ARGV: the queue key
-# prefix, this worker's id, the only tenant to take from (used when ARGV[4] == '1'), the claim key
-# prefix, ABORTED, REQUEUED, the claim's TTL (s). Returns false when every queue is empty, else
-# {message, charge, status}: 'claimed' (held and claimed by this worker, its tenant charged),
-# 'aborted' (its client left before any worker took it) or 'taken' (another worker has it); only a
-# claimed request is charged and held.
-TAKE_SCRIPT = _WEIGHT + """
-local only = nil
-if ARGV[4] == '1' then only = ARGV[3] end
-local best, best_c = pick(only)
-if best == nil then return false end
-local message = redis.call('RPOP', ARGV[1] .. best)
-local rid, cost = string.match(message, '^(%S+) (%d+)\\n')
-local claim_key = ARGV[5] .. rid
-local owner = redis.call('GET', claim_key)
-if owner == ARGV[6] then return {message, '0', 'aborted'} end
-if owner and owner ~= ARGV[7] then return {message, '0', 'taken'} end
-redis.call('SET', claim_key, ARGV[2], 'EX', ARGV[8])
-local charge = tonumber(cost) / weight(best)
-redis.call('HSET', KEYS[2], 'vt', tostring(best_c), 'c:' .. best, tostring(best_c + charge))
-redis.call('HSET', KEYS[4], rid, cjson.encode({worker = ARGV[2], payload = message, charge = charge}))
-return {message, tostring(charge), 'claimed'}
-"""
-
-# KEYS: the tenants set, the fair hash, the shares hash, the doorbell; ARGV: the queue key, the
-# tenant, the message, the charge to refund. Puts a request back at the head of its queue.
-REQUEUE_SCRIPT = _WEIGHT + """
-redis.call('RPUSH', ARGV[1], ARGV[3])
-redis.call('SADD', KEYS[1], ARGV[2])
-local charge = tonumber(ARGV[4])
-if charge > 0 then redis.call('HINCRBYFLOAT', KEYS[2], 'c:' .. ARGV[2], -charge) end
-redis.call('LPUSH', KEYS[4], '1')
-redis.call('LTRIM', KEYS[4], 0, %d)
-return 1
-""" % (DOORBELL_LENGTH - 1)
-
-# KEYS: the tenants set, the fair hash, the shares hash; ARGV: the queue key prefix. The tenant the
-# next take would serve ('' for no tenant), or false when every queue is empty (read only).
-NEXT_TENANT_SCRIPT = _WEIGHT + """
-local best = pick(nil)
-if best == nil then return false end
-return {best}
-"""
-
-# KEYS[1] a queue; ARGV: request ids. Removes their messages (each starts with its id and a
-# space), keeping the others in order.
-DROP_SCRIPT = """
-local drop = {}
-for i = 1, #ARGV do drop[ARGV[i]] = true end
-local items = redis.call('LRANGE', KEYS[1], 0, -1)
-local keep, removed = {}, 0
-for _, item in ipairs(items) do
-  local rid = string.match(item, '^(%S+) ')
-  if rid and drop[rid] then removed = removed + 1 else keep[#keep + 1] = item end
-end
-if removed > 0 then
-  redis.call('DEL', KEYS[1])
-  for i = 1, #keep, 1000 do redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep))) end
-end
-return removed
-"""
-
-
-def _prefix(model: str) -> str:
-    return queue_key(model, "")
-
-
-EPOCH_KEY = "tessera:epoch"
+__all__ = ["QueuedRequest", "Taken", "CLAIMED", "ABORTED_BEFORE", "TAKEN", "epoch", "enqueue", "take", "next_tenant",
+           "requeue", "refund", "wait_doorbell", "drop_queued", "served_tokens"]
 
 
 async def epoch(redis) -> str:
-    """The value of ``tessera:epoch``, set now if Redis has none (it lost its data)."""
+    """The value of :data:`~webapp.transport.keys.EPOCH_KEY`, set now if Redis has none (it lost its data)."""
     pipe = redis.pipeline(transaction=True)
     pipe.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
     pipe.get(EPOCH_KEY)
@@ -279,16 +88,21 @@ class Taken:
     """What :func:`take` took off a queue.
 
     Attributes:
-        request: the request.
+        request: the request (with default sampling parameters when ``invalid``).
         status: ``CLAIMED`` (now held and claimed by the taking worker, its tenant charged),
             ``ABORTED_BEFORE`` (its client left before any worker took it) or ``TAKEN`` (another
             worker claimed it already); only a claimed request is the taker's to run.
         charge: virtual tokens added to its tenant's counter (0 unless claimed).
+        message: the request as it was queued (encoded).
+        invalid: why its sampling parameters did not decode (a web process of another version
+            sent them), None when they did.
     """
 
     request: QueuedRequest
     status: str
     charge: float
+    message: str
+    invalid: InvalidParams | None = None
 
 
 def take(redis, model: str, worker_id: str, tenant: str | None = None, only_tenant: bool = False) -> Taken | None:
@@ -299,21 +113,25 @@ def take(redis, model: str, worker_id: str, tenant: str | None = None, only_tena
     Raises:
         RedisError: Redis could not be reached (nothing was taken).
     """
-    taken = redis.register_script(TAKE_SCRIPT)(
+    taken = redis.register_script(queue_scripts.TAKE)(
         keys=[queues_key(model), fair_key(model), SHARES_KEY, held_key(model)],
-        args=[_prefix(model), worker_id, tenant or "", "1" if only_tenant else "0", claim_key(""),
+        args=[queue_prefix(model), worker_id, tenant or "", "1" if only_tenant else "0", claim_key(""),
               ABORTED, REQUEUED, CLAIM_TTL])
     if not taken:
         return None
-    status = taken[2].decode() if isinstance(taken[2], bytes) else taken[2]
-    return Taken(QueuedRequest.decode(taken[0]), status, float(taken[1]))
+    message, charge, status = (part.decode() if isinstance(part, bytes) else part for part in taken)
+    try:
+        request, invalid = QueuedRequest.decode(message), None
+    except InvalidParams as error:
+        request, invalid = error.request, error
+    return Taken(request, status, float(charge), message, invalid)
 
 
 def next_tenant(redis, model: str) -> tuple[bool, str | None]:
     """``(True, tenant)`` for the tenant whose request :func:`take` would take next (None: of no
     tenant); ``(False, None)`` when every queue of ``model`` is empty."""
-    found = redis.register_script(NEXT_TENANT_SCRIPT)(keys=[queues_key(model), fair_key(model), SHARES_KEY],
-                                                      args=[_prefix(model)])
+    found = redis.register_script(queue_scripts.NEXT_TENANT)(keys=[queues_key(model), fair_key(model), SHARES_KEY],
+                                                      args=[queue_prefix(model)])
     if not found:
         return False, None
     tenant = found[0].decode() if isinstance(found[0], bytes) else found[0]
@@ -327,7 +145,7 @@ def requeue(redis, model: str, message: str, tenant: str | None, charge: float) 
     Raises:
         RedisError: Redis could not be reached.
     """
-    redis.register_script(REQUEUE_SCRIPT)(keys=[queues_key(model), fair_key(model), SHARES_KEY, doorbell_key(model)],
+    redis.register_script(queue_scripts.REQUEUE)(keys=[queues_key(model), fair_key(model), SHARES_KEY, doorbell_key(model)],
                                           args=[queue_key(model, tenant), tenant or "", message, charge])
 
 
@@ -339,7 +157,7 @@ def refund(redis, model: str, tenant: str | None, charge: float) -> None:
         RedisError: Redis could not be reached.
     """
     if charge:
-        redis.hincrbyfloat(fair_key(model), f"c:{tenant or ''}", -charge)
+        redis.hincrbyfloat(fair_key(model), counter_field(tenant), -charge)
 
 
 def wait_doorbell(redis, model: str, timeout: float) -> None:
@@ -356,7 +174,7 @@ async def drop_queued(redis, queue: str, request_ids: list[str]) -> int:
     Raises:
         RedisError: Redis could not be reached.
     """
-    return int(await redis.eval(DROP_SCRIPT, 1, queue, *request_ids))
+    return int(await redis.eval(queue_scripts.DROP, 1, queue, *request_ids))
 
 
 def served_tokens(raw: dict[bytes, bytes]) -> dict[str | None, int]:
@@ -364,6 +182,6 @@ def served_tokens(raw: dict[bytes, bytes]) -> dict[str | None, int]:
     served: dict[str | None, int] = {}
     for field, value in raw.items():
         name = field.decode() if isinstance(field, bytes) else field
-        if name.startswith("served:"):
-            served[name[len("served:"):] or None] = int(float(value))
+        if name.startswith(SERVED_FIELD_PREFIX):
+            served[name[len(SERVED_FIELD_PREFIX):] or None] = int(float(value))
     return served

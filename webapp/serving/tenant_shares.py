@@ -1,10 +1,6 @@
-"""Tenant GPU shares as the workers see them: a Redis hash written by the web side.
-
-* ``tessera:tenants:shares`` — hash, tenant slug -> JSON ``{"share": percent, "priority": int}``
-  of every active tenant. Rewritten whole (in one transaction) whenever a tenant is saved or
-  deleted, by ``manage.py serve`` and when a web process starts (``tenants.shares.publish``).
-* ``tessera:tenants:version`` — a counter increased with every change of a tenant or an API
-  key; web processes drop their cached tenants and keys when it moves.
+"""Tenant GPU shares as the workers see them: a Redis hash written by the web side
+(:data:`webapp.transport.keys.SHARES_KEY`), rewritten whole whenever a tenant is saved or deleted,
+by ``manage.py serve`` and when a web process starts (``tenants.shares.publish``).
 
 Workers read the hash with every heartbeat (every ``HEARTBEAT_INTERVAL`` = 0.5 s) and pass
 it to their engine when it changed, so an edit in the admin reaches running engines within
@@ -15,9 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-SHARES_KEY = "tessera:tenants:shares"
-VERSION_KEY = "tessera:tenants:version"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A supervised worker's slot: what the worker in one of ``serve``'s worker slots serves, kept in Redis.
+"""A supervised worker's slot: what the worker in one of ``serve``'s worker slots serves, kept in Redis
+(:func:`webapp.transport.keys.slot_key`).
 
 ``serve`` starts each worker with ``TESSERA_WORKER_SLOT`` (its host, a nonce of this ``serve`` run and the
 worker's index) and, when that worker dies, starts the next one with the same slot. The worker records its
@@ -18,16 +19,14 @@ import time
 
 import redis
 
+from webapp.transport.keys import slot_key
+
 from .model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
 MAX_RESUMES = 2  # resumes of one slot's record within RESUME_WINDOW before the flags' model is used instead
 RESUME_WINDOW = 600.0  # seconds; serve's own restart window (it gives up after 5 restarts in it)
-
-
-def slot_key(slot: str) -> str:
-    return f"tessera:worker-slot:{slot}"
 
 
 def record(client: redis.Redis, slot: str | None, spec: ModelSpec | None, resumes: list[float] = ()) -> None:

@@ -20,6 +20,7 @@ from webapp.celery import app as celery_app
 from webapp.cli import add_engine_arguments, add_worker_arguments, engine_args_from_options
 from webapp.serving.model_spec import ModelSpec
 from webapp.serving.runtime import WorkerRuntime
+from webapp.transport.wire import worker_hostname, worker_queue
 
 logger = logging.getLogger("tessera.worker")
 
@@ -47,12 +48,10 @@ class Command(BaseCommand):
         except TesseraError as error:
             runtime.close()
             raise CommandError(str(error)) from error
-        hostname = f"tessera@{runtime.worker_id}"
+        hostname = worker_hostname(runtime.worker_id)
         worker_shutting_down.connect(lambda **_: runtime.begin_shutdown(), weak=False)
         worker_ready.connect(lambda **_: runtime.serve_commands(), weak=False)
-        # Requests do not pass through Celery's consumer (the runtime's dispatcher takes them in the
-        # tenants' share order); a queue of its own keeps the worker off Celery's default queue.
-        queues = [f"tessera.worker.{runtime.worker_id}"]
+        queues = [worker_queue(runtime.worker_id)]  # requests do not pass through Celery (see worker_queue)
         worker = celery_app.Worker(
             hostname=hostname, queues=queues, pool_cls="threads",
             concurrency=1, prefetch_multiplier=1, loglevel=options["log_level"].upper(),

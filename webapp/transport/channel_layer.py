@@ -1,12 +1,13 @@
-"""Send many Channels messages in one Redis round trip.
+"""channels-redis's storage format, where Tessera reads or writes it itself: the channel names, many
+Channels messages sent in one Redis round trip, and a web process's reading of its reply channels.
 
 ``channels_redis`` sends one message per call (four commands each). A worker publishes the
 coalesced deltas of a whole engine step at once: here, all messages for the channels of one
 web process (which share one Redis key) become a single *batch* message addressed to all of
 them, the way the layer's own ``group_send`` addresses one message to many channels. It is
 written with one pipeline in the layer's storage format (serializer, key names, expiry);
-the web process reads it with :class:`.replies.ReplyRouter`, which hands each channel its
-own messages.
+the web process reads it with :class:`webapp.serving.replies.ReplyRouter` (:func:`pop_group`,
+:func:`unpack`), which hands each channel its own messages.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def _next_score() -> float:
 
 
 BATCH_TYPE = "tessera.batch"
+REPLY_CHANNEL_PREFIX = "tessera.reply"  # a web process's reply channels: tessera.reply.<client prefix>!<id>
+CONTROL_CHANNEL_PREFIX = "tessera.worker"  # a worker's control channel (aborts)
 
 
 async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, Any]]],
@@ -34,7 +37,7 @@ async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, A
     """Send ``(channel, message)`` pairs; messages to one channel arrive in list order.
 
     Process-specific channels (``name!suffix``) of one process get one batch message
-    (see :mod:`.replies`); other channels get one message each. Must run on the
+    (see :func:`unpack`); other channels get one message each. Must run on the
     event loop that owns the layer's connections in this thread. ``extra_commands``
     (``(method, args, kwargs)`` on the Redis client) ride in the same pipeline. The layer's
     per-channel capacity is not checked (the settings size it for all streams).
@@ -62,3 +65,28 @@ async def bulk_send(layer: RedisChannelLayer, items: list[tuple[str, dict[str, A
             for method, args, kwargs in extra_commands or ():
                 getattr(pipe, method)(*args, **kwargs)
         await pipe.execute()
+
+
+def group_key(layer: RedisChannelLayer, group: str) -> tuple[int, str]:
+    """``(connection index, Redis key)`` of the sorted set that holds the messages of every
+    process-specific channel whose name starts with ``group`` (``name!``)."""
+    return layer.consistent_hash(group), layer.prefix + group
+
+
+async def pop_group(layer: RedisChannelLayer, index: int, key: str, timeout: float) -> dict[str, Any] | None:
+    """The oldest message of :func:`group_key`'s set, waiting up to ``timeout`` seconds (None when
+    none came).
+
+    Raises:
+        RedisError: Redis could not be reached.
+    """
+    popped = await layer.connection(index).bzpopmin(key, timeout=timeout)
+    return None if popped is None else layer.deserialize(popped[1])
+
+
+def unpack(message: dict[str, Any]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """``(channel, messages)`` pairs of one message read by :func:`pop_group`: a batch of
+    :func:`bulk_send`, or one message sent with the layer's own ``send``."""
+    if message.get("type") == BATCH_TYPE:
+        return list(message["messages"].items())
+    return [(message.pop("__asgi_channel__", None), [message])]
