@@ -22,6 +22,8 @@
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
 #   serving          W1 through `manage.py serve --api-server-count 4` and benchmarks/serving.py, then the offline
 #                    engine on the same workload (serving.sh; needs .gpuserve)
+#   structured-output  W2's workload with a JSON schema on every request (4 schemas) against none, grammar
+#                    compile times, a new schema's TTFT (structured_output.py; needs .gpuserve/whl-engine)
 #   tenants          GPU shares of tenants at 30% / 70% through the server (tenants.sh; needs .gpuserve)
 #   tensor-parallel  2 GPUs: TP=1 vs TP=2 on the Qwen2.5-7B shape (greedy tokens in float32, then W1), and the
 #                    same token check with AWQ and FP8 weights
@@ -107,7 +109,8 @@ for step in "$@"; do
   gpu-tests) TESSERA_TEST_TOKENIZER=.gpucache/smollm2-tok run_step gpu-tests 500 $PY -m pytest -q -p no:cacheprovider \
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_fp8.py tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_w4a16.py \
-      tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py
+      tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py \
+      tests/inference/test_triton_bitmask.py
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
   w1) run_step w1 200 $TP $W1 --output-json "$(name w1)" ;;
   w1-fp8) run_step w1-fp8 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8)" ;;
@@ -130,6 +133,11 @@ for step in "$@"; do
     run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
   w2-profile) run_step w2-profile 250 $TP $W2 --profile-steps 16 --output-json "$(name w2-kernel-profile)" ;;
   serving) step_serving ;;
+  structured-output)
+    $PY -m pip install -q --no-index --no-deps --target /tmp/site-engine .gpuserve/whl-engine/*.whl
+    PYTHONPATH=/tmp/site-engine${PYTHONPATH:+:$PYTHONPATH} run_step structured-output 300 \
+      $PY benchmarks/structured_output.py --model $M05 --load-format dummy --dtype bfloat16 --num-prompts 256 \
+      --min-input 100 --max-input 1024 --output-len 1024 --max-model-len 2048 --output-json "$(name structured-output)" ;;
   tenants) OUT=$OUT BUDGET=${BUDGET:-560} PY=$PY RESULT="tenant-shares_${GPU}_${DATE}.json" bash benchmarks/gpu/tenants.sh ;;
   tensor-parallel)
     [ "$NGPU" -ge 2 ] || { echo "tensor-parallel needs 2 GPUs, this host has $NGPU"; continue; }

@@ -114,6 +114,8 @@ class LLMEngine:
         self._parents: dict[str, _ParentRequest] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self._awaiting_grammar: list[str] = []  # parent ids whose grammar compiles (not yet scheduled)
+        if config.device != "cpu":  # a long-lived GPU server: the vocabulary's grammar tables off the first request
+            self.grammar_compiler.prewarm()
         self._aborted_outputs: list[RequestOutput] = []
         self._inflight = None  # (SchedulerOutput, StepHandle, updated) of the launched, not yet collected step
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound

@@ -1,0 +1,154 @@
+"""Structured output's cost: throughput with a JSON schema on every request against the same
+requests unconstrained, the grammar compile times, and what a schema never seen before costs.
+
+One engine, one run, three phases:
+
+1. unconstrained: ``--num-prompts`` random prompts (lengths U[``--min-input``, ``--max-input``]),
+   ``--output-len`` tokens each, all at once (nano-vllm's W2 shape at the defaults);
+2. constrained: the same prompts, each with one of ``--num-schemas`` distinct JSON schemas (their
+   grammars compiled in phase 2's first steps); output tokens per second against phase 1;
+3. new schema: while ``--num-prompts`` constrained requests run, one request with a schema the
+   engine has not seen and one with a cached schema arrive at the same step; their TTFTs, and the
+   running requests' TPOT before and after.
+
+Random weights (``--load-format dummy``) write random but grammatical JSON, so constrained
+requests end when their grammar completes or at ``--output-len``; the figure compared is output
+tokens per second.
+
+    python benchmarks/structured_output.py                            # CPU: SmolLM2, small
+    python benchmarks/structured_output.py --model qwen2.5-0.5b --load-format dummy --dtype bfloat16 \
+        --num-prompts 256 --min-input 100 --max-input 1024 --output-len 1024 --max-model-len 4096   # H200 (W2)
+
+Writes JSON (figures, the command and the commit) to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inference import LLM, SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def schemas(count: int, salt: str = "") -> list[dict]:
+    """``count`` distinct object schemas of bounded strings, integers and enums."""
+    out = []
+    for i in range(count):
+        properties = {f"field{salt}{i}_{j}": kind for j, kind in enumerate([
+            {"type": "string", "maxLength": 24}, {"type": "integer", "minimum": 0, "maximum": 10_000},
+            {"type": "string", "enum": ["red", "green", "blue"]}, {"type": "boolean"}][: 2 + i % 3])}
+        out.append({"type": "object", "properties": properties, "required": list(properties),
+                    "additionalProperties": False})
+    return out
+
+
+def run_batch(engine, prompts, params_of) -> tuple[float, int, dict]:
+    """All prompts at once; ``(seconds, output tokens, metrics by request)``."""
+    start, arrival = time.perf_counter(), time.monotonic()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}-{start}", prompt, params_of(i), arrival_time=arrival)
+    tokens, metrics = 0, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens += sum(len(o.token_ids) for o in out.outputs)
+            if out.finished:
+                metrics[out.request_id] = out.metrics
+    return time.perf_counter() - start, tokens, metrics
+
+
+def new_schema_phase(engine, prompts, args, known: list[dict]) -> dict:
+    """Constrained requests running; then a new-schema and a known-schema request arrive together."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bg{i}", prompt, _params(args, known[i % len(known)]))
+    step_times, late_added = [], False
+    first_token = {}
+    while engine.has_unfinished_requests():
+        started = time.perf_counter()
+        outs = engine.step()
+        step_times.append((time.perf_counter() - started, late_added))
+        for out in outs:
+            if out.request_id in ("new", "known") and out.request_id not in first_token and out.outputs \
+                    and out.outputs[0].token_ids:
+                first_token[out.request_id] = time.monotonic()
+        if not late_added and len(step_times) == args.late_after_steps:
+            arrival = time.monotonic()
+            engine.add_request("new", prompts[0], _params(args, schemas(1, salt="new")[0]), arrival_time=arrival)
+            engine.add_request("known", prompts[1], _params(args, known[0]), arrival_time=arrival)
+            late_added = True
+    before = [t for t, late in step_times[1:] if not late]
+    after = [t for t, late in step_times if late][: len(before)]
+    return {"new_schema_ttft_ms": 1000 * (first_token["new"] - arrival),
+            "known_schema_ttft_ms": 1000 * (first_token["known"] - arrival),
+            "median_step_ms_before": 1000 * statistics.median(before),
+            "median_step_ms_after": 1000 * statistics.median(after)}
+
+
+def _params(args, schema: dict | None) -> SamplingParams:
+    constraint = {"structured_outputs": {"json": schema}} if schema is not None else {}
+    return SamplingParams(temperature=0.8, seed=0, max_tokens=args.output_len, ignore_eos=True, **constraint)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--min-input", type=int, default=16)
+    parser.add_argument("--max-input", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=48)
+    parser.add_argument("--num-schemas", type=int, default=4)
+    parser.add_argument("--late-after-steps", type=int, default=8)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-space", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+    llm = LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
+              kv_cache_space=args.kv_cache_space, seed=args.seed)
+    engine = llm.llm_engine
+    rng = random.Random(args.seed)
+    vocab = engine.runner.vocab_size
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(rng.randint(args.min_input, args.max_input))]
+               for _ in range(args.num_prompts)]
+    known = schemas(args.num_schemas)
+    run_batch(engine, prompts[:2], lambda i: _params(args, None))  # warm-up
+    free_s, free_tokens, _ = run_batch(engine, prompts, lambda i: _params(args, None))
+    constrained_s, constrained_tokens, _ = run_batch(engine, prompts, lambda i: _params(args, known[i % len(known)]))
+    compile_ms = [1000 * s for s in engine.grammar_compiler.compile_seconds]
+    late = new_schema_phase(engine, prompts, args, known)
+    result = {
+        "command": "python " + shlex.join(sys.argv),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": engine.config.device,
+        "workload": {"model": args.model, "num_prompts": args.num_prompts, "input": [args.min_input, args.max_input],
+                     "output_len": args.output_len, "num_schemas": args.num_schemas},
+        "unconstrained": {"seconds": free_s, "output_tokens": free_tokens, "output_tok_s": free_tokens / free_s},
+        "constrained": {"seconds": constrained_s, "output_tokens": constrained_tokens,
+                        "output_tok_s": constrained_tokens / constrained_s},
+        "constrained_over_unconstrained": (constrained_tokens / constrained_s) / (free_tokens / free_s),
+        "grammar_compile_ms": {"count": len(compile_ms), "median": statistics.median(compile_ms),
+                               "max": max(compile_ms)},
+        "new_schema": late,
+    }
+    print(json.dumps(result, indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    name = f"structured-output_{result['device'].split(':')[0]}_{time.strftime('%Y-%m-%d')}.json"
+    path = Path(args.output_json) if args.output_json else RESULTS / name
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
