@@ -6,7 +6,8 @@ One engine, one run, three phases:
 1. unconstrained: ``--num-prompts`` random prompts (lengths U[``--min-input``, ``--max-input``]),
    ``--output-len`` tokens each, all at once (nano-vllm's W2 shape at the defaults);
 2. constrained: the same prompts, each with one of ``--num-schemas`` distinct JSON schemas (their
-   grammars compiled in phase 2's first steps); output tokens per second against phase 1;
+   grammars compiled in phase 2's first steps); output tokens per second against phase 1
+   (phases 1 and 2 alternate ``--rounds`` times);
 3. new schema: while ``--num-prompts`` constrained requests run, one request with a schema the
    engine has not seen and one with a cached schema arrive at the same step; their TTFTs, and the
    running requests' TPOT before and after.
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--num-schemas", type=int, default=4)
     parser.add_argument("--late-after-steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating unconstrained / constrained batches")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-space", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -124,8 +126,12 @@ def main() -> None:
                for _ in range(args.num_prompts)]
     known = schemas(args.num_schemas)
     run_batch(engine, prompts[:2], lambda i: _params(args, None))  # warm-up
-    free_s, free_tokens, _ = run_batch(engine, prompts, lambda i: _params(args, None))
-    constrained_s, constrained_tokens, _ = run_batch(engine, prompts, lambda i: _params(args, known[i % len(known)]))
+    free_s = free_tokens = constrained_s = constrained_tokens = 0
+    for _ in range(args.rounds):  # alternating, so that a change of the machine's load hits both alike
+        seconds, tokens, _ = run_batch(engine, prompts, lambda i: _params(args, None))
+        free_s, free_tokens = free_s + seconds, free_tokens + tokens
+        seconds, tokens, _ = run_batch(engine, prompts, lambda i: _params(args, known[i % len(known)]))
+        constrained_s, constrained_tokens = constrained_s + seconds, constrained_tokens + tokens
     compile_ms = [1000 * s for s in engine.grammar_compiler.compile_seconds]
     late = new_schema_phase(engine, prompts, args, known)
     result = {
@@ -134,7 +140,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": engine.config.device,
         "workload": {"model": args.model, "num_prompts": args.num_prompts, "input": [args.min_input, args.max_input],
-                     "output_len": args.output_len, "num_schemas": args.num_schemas},
+                     "output_len": args.output_len, "num_schemas": args.num_schemas,
+                     "rounds": args.rounds},
         "unconstrained": {"seconds": free_s, "output_tokens": free_tokens, "output_tok_s": free_tokens / free_s},
         "constrained": {"seconds": constrained_s, "output_tokens": constrained_tokens,
                         "output_tok_s": constrained_tokens / constrained_s},
