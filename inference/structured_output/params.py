@@ -149,10 +149,11 @@ class StructuredOutputsParams:
                 return
         if kind == "json":
             try:
-                json.loads(self.json)
+                schema = json.loads(self.json)
             except ValueError as error:
                 raise InvalidRequestError(f"structured_outputs.json is not valid JSON: {error}.",
                                           param="structured_outputs.json") from None
+            _check_schema_keywords(schema)
         try:
             self.build_grammar()
         except RuntimeError as error:
@@ -165,3 +166,52 @@ class StructuredOutputsParams:
             _validated[cache_key] = None
             while len(_validated) > _VALIDATED_CACHE_SIZE:
                 _validated.popitem(last=False)
+
+
+# JSON Schema keywords xgrammar does not enforce (it would silently allow what they forbid).
+UNENFORCED_KEYWORDS = ("not", "if", "then", "else", "dependentSchemas", "contains", "uniqueItems",
+                       "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties")
+
+
+def _check_schema_keywords(schema: Any, path: str = "") -> None:
+    """Refuse a schema whose constraints the grammar would not enforce: the keywords in
+    :data:`UNENFORCED_KEYWORDS`, ``allOf`` of more than one schema, and a ``pattern`` that is not a
+    regular expression xgrammar supports (lookaround, backreferences).
+
+    Raises:
+        InvalidRequestError (param ``structured_outputs.json``): naming the keyword and where it is.
+    """
+    if not isinstance(schema, dict):
+        return
+    where = path or "the schema's root"
+
+    def refuse(what: str) -> None:
+        raise InvalidRequestError(f"structured_outputs.json: {what} at {where} is not supported: the output could "
+                                  "not be held to it.", param="structured_outputs.json")
+
+    for keyword in UNENFORCED_KEYWORDS:
+        if keyword in schema:
+            refuse(f"'{keyword}'")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        refuse("'allOf' of more than one schema")
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        import xgrammar as xgr  # noqa: PLC0415
+
+        try:
+            xgr.Grammar.from_regex(pattern)
+        except RuntimeError as error:
+            refuse(f"'pattern' {pattern!r:.60} ({_LOCATION.sub('', str(error).strip())})")
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                _check_schema_keywords(sub, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                _check_schema_keywords(sub, f"{path}/{key}/{i}")
+    for key in _SCHEMA_VALUES:
+        _check_schema_keywords(schema.get(key), f"{path}/{key}")

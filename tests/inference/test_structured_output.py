@@ -168,6 +168,13 @@ def test_tensor_parallel_ranks():
     ({}, "structured_outputs"),
     ({"jsn": PERSON}, "structured_outputs"),
     ("a string", "structured_outputs"),
+    # keywords the grammar would not enforce: refused rather than silently allowed
+    ({"json": {"not": {"type": "string"}}}, "structured_outputs.json"),
+    ({"json": {"allOf": [{"type": "string"}, {"type": "integer"}]}}, "structured_outputs.json"),
+    ({"json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=b)b+"}}}},
+     "structured_outputs.json"),
+    ({"json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "structured_outputs.json"),
+    ({"json": {"$defs": {"x": {"if": {"type": "integer"}}}, "$ref": "#/$defs/x"}}, "structured_outputs.json"),
 ])
 def test_bad_constraints_name_the_field(value, param):
     with pytest.raises(InvalidRequestError) as info:
