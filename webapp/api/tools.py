@@ -19,6 +19,7 @@ The parsed calls come back as OpenAI's ``message.tool_calls`` with ``finish_reas
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,20 +134,23 @@ def parse_tool_choice(data: dict[str, Any], parser: str | None, auto_enabled: bo
     return ToolChoice(tuple(tools), choice, None, parallel, parser if choice == "auto" else None)
 
 
-class ToolExtractor:
+class ToolExtractor(ABC):
     """Splits one choice's output into content and tool calls, streamed (:meth:`feed`,
     :meth:`finish`) or whole (:meth:`result`)."""
 
     finish_with_calls = "tool_calls"  # the finish reason of an output that made calls
 
+    @abstractmethod
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        raise NotImplementedError
+        """Content and tool-call deltas to send for ``text``, the next piece of the output."""
 
+    @abstractmethod
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        raise NotImplementedError
+        """What is left to send once the output ended."""
 
+    @abstractmethod
     def result(self, text: str) -> ExtractedToolCalls:
-        raise NotImplementedError
+        """The whole output ``text`` split into content and calls."""
 
     def finish_reason(self, reason: str | None, made_calls: bool) -> str | None:
         """``reason`` as the client sees it: ``tool_calls`` for an output that ended with calls."""

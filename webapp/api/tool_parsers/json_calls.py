@@ -8,6 +8,8 @@ a value written as a JSON string holding an object is decoded and sent when it e
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import json
 
 from .base import MalformedToolCall, Mode, StreamingToolParser
@@ -198,9 +200,9 @@ class JsonCallsParser(StreamingToolParser):
         super().__init__(tools)
         self._scanner: CallObjectScanner | None = None
 
+    @abstractmethod
     def _after_object(self) -> Mode:
-        """The mode after a complete call object."""
-        raise NotImplementedError
+        """The mode after a complete call object (each format says what may follow)."""
 
     def _object_start_mode(self, final: bool) -> bool:
         """After whitespace, a call object's ``{``; any other character fails."""
