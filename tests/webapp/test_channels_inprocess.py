@@ -27,6 +27,7 @@ def test_bulk_send_keeps_order_per_channel(django_app):
             if all(len(v) == 300 for v in got.values()):
                 break
             await asyncio.sleep(0.01)
+        await router.aclose()  # a reader left to asyncio.run's cancellation can hang it (see aclose)
         return got, closed
 
     got, closed = asyncio.run(run())

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 READ_TIMEOUT = 5  # seconds one BZPOPMIN blocks (below the layer's 30 s socket timeout)
 RETRY_DELAY = 0.5  # seconds before reading again after a Redis error
+CLOSE_GRACE = 1.0  # seconds :meth:`ReplyRouter.aclose` waits for a cancelled read to end
 
 Sink = Callable[[list[dict[str, Any]]], None]
 
@@ -44,10 +45,13 @@ class ReplyRouter:
         self._index, self._key = group_key(layer, self.group)
         self._sinks: dict[str, Sink] = {}
         self._reader: asyncio.Task | None = None
+        self._closed = False
 
     def open(self, sink: Sink) -> str:
         """A new reply channel whose messages go to ``sink`` (called on the event loop with
         each batch of messages for it, in send order; it must not block)."""
+        if self._closed:
+            raise RuntimeError("this reply router is closed")
         channel = self.group + uuid.uuid4().hex
         self._sinks[channel] = sink
         if self._reader is None or self._reader.done():
@@ -58,11 +62,32 @@ class ReplyRouter:
         """Stop delivering to ``channel`` (later messages for it are dropped)."""
         self._sinks.pop(channel, None)
 
+    async def aclose(self) -> None:
+        """Stop the reader task and wait until it has ended; later :meth:`open` calls raise
+        ``RuntimeError``.
+
+        A cancelled blocking read does not always end: redis-py can swallow the cancellation and
+        go on waiting for a reply that never comes. When the read has not ended within
+        :data:`CLOSE_GRACE` seconds, the connections of this router's Redis client are closed,
+        which ends it with a ``ConnectionError``.
+        """
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is None or reader.done():
+            return
+        reader.cancel()
+        _, pending = await asyncio.wait({reader}, timeout=CLOSE_GRACE)
+        if pending:
+            await self.layer.connection(self._index).connection_pool.disconnect()
+            await asyncio.wait(pending)
+
     async def _read(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 message = await pop_group(self.layer, self._index, self._key, READ_TIMEOUT)
             except RedisError as error:
+                if self._closed:
+                    return
                 logger.warning("reading reply channels failed: %s", error)
                 await asyncio.sleep(RETRY_DELAY)
                 continue
@@ -83,9 +108,9 @@ _routers: dict[int, ReplyRouter] = {}
 
 
 def reply_router() -> ReplyRouter:
-    """This process's router for the running event loop."""
+    """This process's router for the running event loop (a new one after the last was closed)."""
     loop = asyncio.get_running_loop()
     router = _routers.get(id(loop))
-    if router is None:
+    if router is None or router._closed:
         router = _routers[id(loop)] = ReplyRouter(get_channel_layer(), loop)
     return router
