@@ -47,6 +47,10 @@ for name in qwen2.5-0.5b qwen2.5-7b; do
   dir=$($PY -c "from inference.model_loader import resolve_model as r; print(r('$name', load_format='dummy').model_dir)")
   rm -rf ".gpucache/$name"; cp -r "$dir" ".gpucache/$name"
 done
+# The two shapes share Qwen2.5's tokenizer (11 MB): one copy and a relative link keep the carried tree small.
+if cmp -s .gpucache/qwen2.5-0.5b/tokenizer.json .gpucache/qwen2.5-7b/tokenizer.json; then
+  ln -sf ../qwen2.5-0.5b/tokenizer.json .gpucache/qwen2.5-7b/tokenizer.json
+fi
 tok=$($PY -c "from inference.model_loader import resolve_model as r; print(r('smollm2-135m-instruct').model_dir)")
 rm -rf .gpucache/smollm2-tok; mkdir -p .gpucache/smollm2-tok
 find "$tok" -maxdepth 1 -type f \( -name '*.json' -o -name '*.jinja' -o -name '*.txt' \) ! -name '*index*' \

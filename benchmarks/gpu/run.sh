@@ -20,7 +20,7 @@
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
-#   serving          W1 through `manage.py serve --api-server-count 4` and benchmarks/serving.py, then the offline
+#   serving          W1 through `manage.py serve` (its default `--api-server-count`: 4 on 16 cores) and benchmarks/serving.py, then the offline
 #                    engine on the same workload (serving.sh; needs .gpuserve)
 #   structured-output  W2's workload with a JSON schema on every request (4 schemas) against none, grammar
 #                    compile times, a new schema's TTFT (structured_output.py; needs .gpuserve/whl-engine)
@@ -94,7 +94,7 @@ d = json.load(open(sys.argv[1]))
 d["command"] = ("benchmarks/serving.py --dataset-name random --random-input-len 1024 --random-output-len 512 "
                 "--num-prompts 256 --max-concurrency 256 --ignore-eos against manage.py serve --load-format dummy "
                 "--dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256 "
-                "--api-server-count 4; then benchmarks/throughput.py on the same workload")
+                "(default --api-server-count); then benchmarks/throughput.py on the same workload")
 json.dump(d, open(sys.argv[1], "w"), indent=1)
 EOF
   for f in summary:serving-w1 serving:serving-w1-client offline:serving-w1-offline; do

@@ -13,7 +13,7 @@
 set -u
 MODEL=${MODEL:-.gpucache/qwen2.5-7b}
 SERVED_NAME=${SERVED_NAME:-qwen2.5-7b}
-ENGINE_FLAGS=${ENGINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256 --api-server-count 4}
+ENGINE_FLAGS=${ENGINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256}
 OFFLINE_FLAGS=${OFFLINE_FLAGS:---load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 16384 --max-num-seqs 256}
 IN_LEN=${IN_LEN:-1024}
 OUT_LEN=${OUT_LEN:-512}
