@@ -90,6 +90,23 @@ def test_a_request_given_back_goes_first_and_is_refunded(server):
     assert request_queue.take(client, MODEL, "w2").request.rid == first.request.rid  # next in line, not last
 
 
+def test_a_refund_while_both_flood_is_credit_the_tenant_keeps(server):
+    """A worker full of one tenant's requests gives one back to take the other's: the refund must
+    count. (When the dequeue lifted every counter below the virtual time, such refunds were lost,
+    and the 30% tenant got 35-42% on two loaded workers.)"""
+    client, url = server
+    enqueue(url, [request(f"{t}{i}", t) for i in range(100) for t in ("low", "high")])
+    taken = take_all(client, 10)
+    for _ in range(30):  # a high request taken earlier is given back, refunded, after later takes
+        rid = next(rid for rid in client.hkeys(keys.held_key(MODEL)) if rid.startswith(b"high"))
+        taken += take_all(client, 3)
+        record = held.take(client, MODEL, "w1", rid.decode())
+        request_queue.requeue(client, MODEL, record["payload"], "high", record["charge"])
+    taken += take_all(client, 30)
+    # The give-backs cost high nothing: of what was taken to run (130 takes, 30 given back), 30% low.
+    assert taken.count("low") == 30
+
+
 def test_aborted_and_already_claimed_requests_are_not_taken_to_run(server):
     client, url = server
     enqueue(url, [request("gone", "low"), request("other", "low")])

@@ -14,8 +14,10 @@ the model so that the shares hold in aggregate, not per worker:
 
 * among the tenants with queued requests, the one with the lowest counter goes next (ties:
   the lower tenant priority, then the slug);
-* a counter below the virtual time is lifted to it first: idle time earns no credit, and a
-  tenant alone takes every request (work conservation);
+* a tenant whose queue was empty has its counter lifted to the virtual time when it enqueues
+  (:data:`~webapp.transport.queue_scripts.ENQUEUE`): idle time earns no credit, and a tenant
+  alone takes every request (work conservation); a counter lowered by a refund or a correction
+  while the tenant has requests queued is not lifted, so the credit counts;
 * taking a request charges its tenant's counter with the tokens the request may cost, as the
   engine's scheduler charges a request it admits: its prompt plus ``n`` × ``max_tokens``,
   divided by the tenant's weight (its share in percent, at least
@@ -63,21 +65,15 @@ async def enqueue(redis, model: str, requests: list[QueuedRequest]) -> tuple[lis
     Raises:
         RedisError: Redis could not be reached (nothing or everything was enqueued).
     """
-    by_queue: dict[str, list[str]] = {}
-    tenants = set()
+    by_tenant: dict[str, list[str]] = {}
     for request in requests:
-        by_queue.setdefault(queue_key(model, request.tenant), []).append(request.encode())
-        tenants.add(request.tenant or "")
-    pipe = redis.pipeline(transaction=True)
-    for queue, messages in by_queue.items():
-        pipe.lpush(queue, *messages)
-    pipe.sadd(queues_key(model), *tenants)
-    pipe.lpush(doorbell_key(model), *["1"] * min(len(requests), DOORBELL_LENGTH))
-    pipe.ltrim(doorbell_key(model), 0, DOORBELL_LENGTH - 1)
-    pipe.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
-    pipe.get(EPOCH_KEY)
-    *_, began, current = await pipe.execute()
-    return list(by_queue), current.decode(), bool(began)
+        by_tenant.setdefault(request.tenant or "", []).append(request.encode())
+    args: list[str | int] = [queue_prefix(model), uuid.uuid4().hex]
+    for tenant, messages in by_tenant.items():
+        args += [tenant, len(messages), *messages]
+    began, current = await redis.eval(queue_scripts.ENQUEUE, 4, queues_key(model), fair_key(model),
+                                      doorbell_key(model), EPOCH_KEY, *args)
+    return [queue_key(model, tenant or None) for tenant in by_tenant], current.decode(), bool(began)
 
 
 CLAIMED, ABORTED_BEFORE, TAKEN = "claimed", "aborted", "taken"

@@ -32,16 +32,16 @@ local function priority(tenant)
   local entry = tenant_entry(tenant)
   return entry and tonumber(entry['priority']) or 0
 end
--- The tenant whose queue goes next (only: that tenant's, if it has requests), with its counter
--- lifted to the virtual time; nil when the queues are empty. KEYS[1]: the tenants set, KEYS[2]:
--- the fair hash, ARGV[1]: the queue key prefix.
+-- The tenant whose queue goes next (only: that tenant's, if it has requests) and its counter; nil
+-- when the queues are empty. KEYS[1]: the tenants set, KEYS[2]: the fair hash, ARGV[1]: the queue
+-- key prefix. No counter is lifted here (ENQUEUE lifts a tenant's when its queue was empty): a
+-- counter below the virtual time while its tenant has requests queued was lowered by a refund or
+-- a correction, credit the tenant is owed.
 local function pick(only)
-  local vt = tonumber(redis.call('HGET', KEYS[2], 'vt') or '0')
   local best, best_c, best_p
   for _, tenant in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     if (only == nil or tenant == only) and redis.call('LLEN', ARGV[1] .. tenant) > 0 then
       local c = tonumber(redis.call('HGET', KEYS[2], 'c:' .. tenant) or '0')
-      if c < vt then c = vt end
       local p = priority(tenant)
       if best == nil or c < best_c or (c == best_c and (p < best_p or (p == best_p and tenant < best))) then
         best, best_c, best_p = tenant, c, p
@@ -51,6 +51,32 @@ local function pick(only)
   return best, best_c
 end
 """
+
+# KEYS: the tenants set, the fair hash, the doorbell, the epoch key; ARGV: the queue key prefix, a
+# new epoch value (set if there is none), then for each tenant: the tenant ('' for none), the number
+# of its messages, the messages. A tenant whose queue is empty has its counter lifted to the virtual
+# time first (idle time earns no credit; a newcomer starts level with the others), then its
+# messages are pushed. Returns {1 when the epoch began now else 0, the epoch}.
+ENQUEUE = """
+local vt = tonumber(redis.call('HGET', KEYS[2], 'vt') or '0')
+local i, pushed = 3, 0
+while i <= #ARGV do
+  local tenant, n = ARGV[i], tonumber(ARGV[i + 1])
+  local queue = ARGV[1] .. tenant
+  if redis.call('LLEN', queue) == 0 then
+    local c = tonumber(redis.call('HGET', KEYS[2], 'c:' .. tenant) or '0')
+    if c < vt then redis.call('HSET', KEYS[2], 'c:' .. tenant, tostring(vt)) end
+  end
+  for j = i + 2, i + 1 + n, 1000 do redis.call('LPUSH', queue, unpack(ARGV, j, math.min(j + 999, i + 1 + n))) end
+  redis.call('SADD', KEYS[1], tenant)
+  pushed = pushed + n
+  i = i + 2 + n
+end
+for _ = 1, math.min(pushed, %d) do redis.call('LPUSH', KEYS[3], '1') end
+redis.call('LTRIM', KEYS[3], 0, %d)
+local began = redis.call('SET', KEYS[4], ARGV[2], 'NX')
+return {began and 1 or 0, redis.call('GET', KEYS[4])}
+""" % (DOORBELL_LENGTH, DOORBELL_LENGTH - 1)
 
 # KEYS: the tenants set, the fair hash, the shares hash, the held hash; ARGV: the queue key
 # prefix, this worker's id, the only tenant to take from (used when ARGV[4] == '1'), the claim key
