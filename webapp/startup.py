@@ -7,13 +7,14 @@
 * :func:`tenants.shares.publish`: the tenants' GPU shares are written to Redis for the workers'
   schedulers, also when Redis started empty.
 
-Why here and not elsewhere: Daphne has no ASGI lifespan, and its one per-process hook is the
-import of ``webapp.asgi:application`` (by :mod:`webapp.launcher` for ``manage.py serve``, by
-``deploy/Dockerfile``, by anyone running ``daphne`` by hand), so :func:`webapp.asgi.build_application`
-calls :func:`start_web_process`. ``AppConfig.ready()`` would run these in every process that sets
-Django up, the Celery engine workers and every management command (``migrate`` would write to
-Redis, each worker would load the tokenizers a second time). Running them on the first request
-would make that request wait for the Redis write and the tokenizers.
+Why here: Daphne has no ASGI lifespan; what every web process goes through once, before its
+first request, is Daphne's import of ``webapp.asgi:application`` (started by :mod:`webapp.launcher`
+for ``manage.py serve``, by ``deploy/Dockerfile``, or by hand), so
+:func:`webapp.asgi.build_application` calls :func:`start_web_process`. Not in
+``AppConfig.ready()``: that runs in every process that sets Django up, the Celery engine workers
+and every management command too (``migrate`` would write to Redis, each worker would load the
+tokenizers a second time). Not on the first request: that request would wait for the Redis write
+and the tokenizers.
 """
 from __future__ import annotations
 
