@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .stats import summarize
 
 if TYPE_CHECKING:
-    from .sampler import State
+    from .stats_poller import State
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ prefix-cache queries and hits and the TTFT and TPOT histogram counts of the last
 summed counts, interpolating inside a bucket as Prometheus' ``histogram_quantile`` does, so
 the page and a Grafana panel of ``histogram_quantile(0.99, rate(..._bucket[1m]))`` agree.
 
-Everything here is plain data; :mod:`.sampler` reads Redis, :mod:`.access` filters per viewer.
+Everything here is plain data; :mod:`.stats_poller` reads Redis, :mod:`.access` filters per viewer.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ TPOT = "request_time_per_output_token_seconds"
 @dataclass(frozen=True)
 class Sample:
     """One read of Redis at ``time`` (Unix seconds): ``workers`` are the live heartbeat dicts
-    (:func:`webapp.serving.registry.live_workers`), ``totals`` maps model -> totals field -> value."""
+    (:func:`webapp.serving.worker_registry.live_workers`), ``totals`` maps model -> totals field -> value."""
 
     time: float
     workers: tuple[dict[str, Any], ...]

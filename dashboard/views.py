@@ -11,18 +11,18 @@ from django.shortcuts import render
 from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
 
 from .access import viewer_for, visible_snapshot
-from .sampler import stats_sampler
 from .served_shares import WINDOW as SHARE_WINDOW
+from .stats_poller import stats_poller
 
 
 async def _latest():
-    return await stats_sampler().latest()
+    return await stats_poller().latest()
 
 
 def dashboard_context(request: HttpRequest) -> dict:
     """What a page with the dashboard's live numbers renders from: ``snapshot`` (the viewer's cut
     of the latest state) and the windows its numbers are measured over."""
-    state = async_to_sync(_latest)()  # on the server's event loop, sharing its sampler
+    state = async_to_sync(_latest)()  # on the server's event loop, sharing its poller
     snapshot = visible_snapshot(state, viewer_for(request.user))
     return {"snapshot": snapshot, "window_s": int(WINDOW), "rate_window_s": int(RATE_WINDOW),
             "share_window_s": int(SHARE_WINDOW)}

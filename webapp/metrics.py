@@ -186,7 +186,7 @@ def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
     Args:
         workers: the live workers' heartbeat dicts (gauges; those without a model count
             only for the GPU gauges).
-        totals: ``model -> {field: value}`` from :func:`webapp.serving.registry.model_totals`
+        totals: ``model -> {field: value}`` from :func:`webapp.serving.worker_registry.model_totals`
             for every served model (counters and histograms).
         tenant_counters: :func:`tenants.counters.read`'s rows.
     """

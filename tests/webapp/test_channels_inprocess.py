@@ -1,6 +1,6 @@
 """In-process tests against the real ASGI app and the real Redis of the shared stack: the bulk
 publisher's ordering (read back by the reply router) and coalescing. (The live-stats WebSocket
-is tested in test_dashboard.py.)"""
+is tested in tests/dashboard/test_dashboard.py.)"""
 from __future__ import annotations
 
 import asyncio

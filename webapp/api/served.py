@@ -1,7 +1,7 @@
 """Which models this server answers for, and where their tokenizers come from.
 
 A model is *live* while at least one worker serving it is ``ready`` (its heartbeat says so,
-see :mod:`webapp.serving.registry`): ``/v1/models`` lists exactly those. A request may also
+see :mod:`webapp.serving.worker_registry`): ``/v1/models`` lists exactly those. A request may also
 name a model that is not live but known, configured with ``manage.py serve`` or registered
 in the admin's catalog (``webapp.catalog``): it then gets 503 (no worker serves it now)
 rather than 404. The tokenizer of a live model is loaded from the source its workers
@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from webapp.serving.client import get_redis, model_workers
-from webapp.serving.registry import live_workers
+from webapp.serving.worker_registry import live_workers
 
 from .errors import APIError
 from .tokenization import ServedModel, served_models

@@ -16,7 +16,7 @@ from tenants.identity import Caller
 from tenants.metering import Meter
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
-from webapp.serving.registry import live_workers, model_totals
+from webapp.serving.worker_registry import live_workers, model_totals
 from webapp.transport.keys import METRICS_MODELS_KEY
 from webapp.version import __version__
 

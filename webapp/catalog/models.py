@@ -1,7 +1,7 @@
 """The admin's view of serving: models that can be served, and the live workers.
 
 ``ServedModel`` is the operator's catalog (the engine settings of each model). ``Worker``
-mirrors the workers' Redis heartbeats (:mod:`webapp.serving.registry`) so that the admin can
+mirrors the workers' Redis heartbeats (:mod:`webapp.serving.worker_registry`) so that the admin can
 list them and run actions on them; Redis stays the source of truth (workers on any machine
 write it, none writes this database), and the rows are refreshed from it whenever the
 admin lists workers (:func:`webapp.catalog.workers.sync_workers`).

@@ -8,7 +8,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from webapp.serving import registry
+from webapp.serving import worker_registry
 from webapp.serving.commands import ModelCommand, send_command
 
 from .models import Worker
@@ -29,7 +29,7 @@ def sync_workers(client: redis.Redis | None = None) -> list[dict]:
     Raises:
         redis.RedisError: Redis is unreachable (the rows are left as they were).
     """
-    infos = registry.all_workers(client or redis_client())
+    infos = worker_registry.all_workers(client or redis_client())
     now = dt.datetime.now(dt.timezone.utc)
     with transaction.atomic():
         for info in infos:

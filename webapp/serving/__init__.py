@@ -9,6 +9,6 @@ into the engine by the tenants' shares), :mod:`.engine_loop` (the step loop, no 
 (requests taken but not started, requeued when their worker dies), :mod:`.ledger` (what a
 worker knows of each request it took, until it ends).
 Shared: :mod:`.request_queue` (the queues and the share-aware dequeue), :mod:`.messages` (the
-reply wire format), :mod:`.registry` (workers' heartbeats and claims). The Redis key names, the Lua
+reply wire format), :mod:`.worker_registry` (workers' heartbeats and claims). The Redis key names, the Lua
 scripts and the request message's wire format live in :mod:`webapp.transport`.
 """

@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from inference.sampling_params import SamplingParams
 from webapp.transport.keys import claim_key, held_key
 
-from . import held, registry
+from . import held, worker_registry
 from .messages import Abort, Message, is_final
 from .replies import reply_router
 from .request_queue import QueuedRequest, drop_queued, enqueue, epoch
@@ -228,19 +228,20 @@ class GenerationStream:
                                  await redis.mget([claim_key(r) for r in rids]))))
         await self._enqueue_again_if_lost(redis, owners)
         known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
-        for owner in set(owners.values()) - {None, registry.ABORTED, registry.REQUEUED} - known:
-            if await registry.worker_info(redis, owner) is None:  # not just newer than the shared read
+        for owner in set(owners.values()) - {None, worker_registry.ABORTED, worker_registry.REQUEUED} - known:
+            if await worker_registry.worker_info(redis, owner) is None:  # not just newer than the shared read
                 owned = [rid for rid, o in owners.items() if o == owner]
                 if not await self._requeued_or_held(redis, owner, owned):
                     raise WorkerLost(f"The worker serving this request ({owner}) stopped; retry the request.")
                 if not await model_workers(self.model):  # nobody left to requeue it (yet)
                     self._no_worker()
-        self._owners.update({rid: owner for rid, owner in owners.items() if owner and owner != registry.REQUEUED})
+        self._owners.update({rid: owner for rid, owner in owners.items()
+                             if owner and owner != worker_registry.REQUEUED})
         vanished = [rid for rid, owner in owners.items() if owner is None and rid in self._owners]
         self._unclaimed_strikes = self._unclaimed_strikes + 1 if vanished else 0
         if self._unclaimed_strikes >= 3:
             raise WorkerLost("The worker finished this request but its last messages were lost; retry it.")
-        if any(o in (None, registry.REQUEUED) for o in owners.values()) and not await model_workers(self.model):
+        if any(o in (None, worker_registry.REQUEUED) for o in owners.values()) and not await model_workers(self.model):
             self._no_worker()
         elif known:  # some worker of the model is live again
             self._no_worker_since = None
@@ -319,7 +320,7 @@ class GenerationStream:
         redis = get_redis()
         pipe = redis.pipeline(transaction=False)
         for rid in rids:  # not claimed, or requeued: no worker starts it now
-            await registry.claim(pipe, rid, registry.ABORTED, client=pipe)
+            await worker_registry.claim(pipe, rid, worker_registry.ABORTED, client=pipe)
         marks = await pipe.execute()
         claimed = [rid for rid, marked in zip(rids, marks) if not marked]
         unclaimed = {rid for rid, marked in zip(rids, marks) if marked}
@@ -332,14 +333,14 @@ class GenerationStream:
                 by_worker.setdefault(self._owners[rid], []).append(rid)
         if claimed:
             for rid, owner in zip(claimed, await redis.mget([claim_key(r) for r in claimed])):
-                if owner and owner.decode() != registry.ABORTED:
+                if owner and owner.decode() != worker_registry.ABORTED:
                     by_worker.setdefault(owner.decode(), []).append(rid)
             pipe = redis.pipeline(transaction=False)
             for rid in claimed:  # held unstarted by a live or a dead worker: it never starts now
                 await held.abort_held(pipe, self.model, rid, client=pipe)
             await pipe.execute()
         for worker_id, owned in by_worker.items():
-            info = await registry.worker_info(redis, worker_id)
+            info = await worker_registry.worker_info(redis, worker_id)
             if info and info.get("control"):
                 await self.layer.send(info["control"], Abort(tuple(owned)).encode())
 
@@ -386,7 +387,7 @@ _live_workers: dict[tuple[int, str], _LiveWorkers] = {}
 async def _read_live_workers(entry: _LiveWorkers, model: str) -> None:
     started = time.monotonic()
     try:
-        entry.workers = await registry.live_workers(get_redis(), model)
+        entry.workers = await worker_registry.live_workers(get_redis(), model)
         entry.read_at = started
     finally:
         entry.reading = None

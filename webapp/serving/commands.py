@@ -5,7 +5,7 @@ an idle worker (no model) consumes none, so a task could not reach it; a task on
 queue would go to any worker of the model, not the one chosen. The admin ``RPUSH``es a
 JSON command onto its list (:func:`webapp.transport.keys.commands_key`); the worker's command thread ``BLPOP``s
 them one at a time (a load takes seconds to minutes) and reports the outcome in its
-heartbeat (``state``, ``error``; see :mod:`.registry`). The list expires ``COMMAND_TTL``
+heartbeat (``state``, ``error``; see :mod:`.worker_registry`). The list expires ``COMMAND_TTL``
 seconds after the last push, so commands to a worker that died do not pile up.
 """
 from __future__ import annotations

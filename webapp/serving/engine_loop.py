@@ -272,7 +272,3 @@ class EngineLoop(threading.Thread):
             for _ in self._active:
                 self._slots.release()
             self._active.clear()
-
-    @property
-    def active_request_ids(self) -> list[str]:
-        return list(self._active)

@@ -1,6 +1,6 @@
 """What a worker's heartbeat says about it (:func:`heartbeat_info`): its state and model, the engine's settings and stats, the process and its devices. The I/O
 thread (:mod:`.io_loop`) asks for it at every heartbeat and writes it to Redis
-(:mod:`.registry`).
+(:mod:`.worker_registry`).
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from webapp.transport import queue_scripts
 from webapp.transport.keys import claim_key, held_key, worker_key
 from webapp.transport.wire import request_id_of
 
-from . import registry
+from . import worker_registry
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def settle(redis, model: str, worker_id: str, request_id: str, client=None):
     (a pipeline), the result comes from its ``execute``."""
     return redis.register_script(queue_scripts.SETTLE_HELD)(
         keys=[claim_key(request_id), held_key(model)],
-        args=[worker_id, request_id, registry.ABORTED, registry.CLAIM_TTL], client=client)
+        args=[worker_id, request_id, worker_registry.ABORTED, worker_registry.CLAIM_TTL], client=client)
 
 
 def abort_held(redis, model: str, request_id: str, client=None):
@@ -71,8 +71,8 @@ def abort_held(redis, model: str, request_id: str, client=None):
     ever runs it. Returns 1 if it was held, else 0 (a pipeline's ``execute`` gives it with
     ``client``)."""
     return redis.register_script(queue_scripts.ABORT_HELD)(
-        keys=[claim_key(request_id), held_key(model)], args=[request_id, registry.ABORTED, registry.CLAIM_TTL],
-        client=client)
+        keys=[claim_key(request_id), held_key(model)],
+        args=[request_id, worker_registry.ABORTED, worker_registry.CLAIM_TTL], client=client)
 
 
 def take_orphans(redis, model: str) -> list[dict[str, Any]]:
@@ -98,7 +98,7 @@ def take(redis, model: str, worker_id: str, request_id: str) -> dict[str, Any] |
     settled)."""
     found = redis.register_script(queue_scripts.TAKE_HELD)(
         keys=[held_key(model), claim_key(request_id)],
-        args=[request_id, worker_id, registry.REQUEUED, registry.CLAIM_TTL, registry.ABORTED])
+        args=[request_id, worker_id, worker_registry.REQUEUED, worker_registry.CLAIM_TTL, worker_registry.ABORTED])
     if not found:
         return None
     record = json.loads(found[0])

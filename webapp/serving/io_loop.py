@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from webapp.transport.channel_layer import CONTROL_CHANNEL_PREFIX, bulk_send
 from webapp.transport.keys import SHARES_KEY, WORKERS_KEY, claim_key, worker_key
 
-from . import held, registry
+from . import held, worker_registry
 from .ledger import RequestLedger
 from .messages import Abort, coalesce, encode_output, error_message, is_final
 from .recent_stats import RecentStats
@@ -225,7 +225,7 @@ class WorkerIO(threading.Thread):
             if is_final(message):
                 self.ledger.end(rid)
                 # Kept a while, not deleted: a copy enqueued again (Redis lost its data) must find it claimed.
-                cleanup.append(("expire", (claim_key(rid), registry.CLAIM_DONE_TTL), {}))
+                cleanup.append(("expire", (claim_key(rid), worker_registry.CLAIM_DONE_TTL), {}))
         cleanup += self.ledger.counter_commands()
         await self._send(items, cleanup)
 
@@ -321,7 +321,7 @@ class WorkerIO(threading.Thread):
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(registry.HEARTBEAT_INTERVAL)
+            await asyncio.sleep(worker_registry.HEARTBEAT_INTERVAL)
             try:
                 await self._heartbeat_once()
             except Exception:
@@ -343,7 +343,7 @@ class WorkerIO(threading.Thread):
         that their clients keep waiting for them and no copy of them runs elsewhere."""
         now = await epoch(self.layer.connection(0))
         if self._epoch is not None and now != self._epoch:
-            commands = self.ledger.restore_commands(self.worker_id, registry.CLAIM_TTL)
+            commands = self.ledger.restore_commands(self.worker_id, worker_registry.CLAIM_TTL)
             if commands:
                 await bulk_send(self.layer, [], commands)
             logger.warning("Redis lost its data (a restart?); restored the claims of this worker's requests")
@@ -353,7 +353,7 @@ class WorkerIO(threading.Thread):
         await self._restore_if_redis_lost_data()
         info = dict(self._info(), id=self.worker_id, control=self.control_channel, time=time.time())
         info["recent"] = self.recent.sample(info["stats"])
-        await bulk_send(self.layer, [], registry.heartbeat_commands(self.worker_id, info)
+        await bulk_send(self.layer, [], worker_registry.heartbeat_commands(self.worker_id, info)
                         + self.ledger.counter_commands())
         await self._push_counters(info)
         self._log_stats(info)
@@ -382,7 +382,7 @@ class WorkerIO(threading.Thread):
         if not increments:
             return
         pipe = self.layer.connection(0).pipeline(transaction=True)
-        for method, args, kwargs in registry.counter_increment_commands(info["model"], increments):
+        for method, args, kwargs in worker_registry.counter_increment_commands(info["model"], increments):
             getattr(pipe, method)(*args, **kwargs)
         await pipe.execute()
         self._deltas.commit(totals)

@@ -41,7 +41,7 @@ from webapp.transport.keys import (
     held_key, queue_key, queue_prefix, queues_key)
 from webapp.transport.wire import InvalidParams, QueuedRequest
 
-from .registry import ABORTED, CLAIM_TTL, REQUEUED
+from .worker_registry import ABORTED, CLAIM_TTL, REQUEUED
 
 __all__ = ["QueuedRequest", "Taken", "CLAIMED", "ABORTED_BEFORE", "TAKEN", "epoch", "enqueue", "take", "next_tenant",
            "requeue", "refund", "wait_doorbell", "drop_queued", "served_tokens"]

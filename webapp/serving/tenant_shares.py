@@ -1,6 +1,6 @@
 """Tenant GPU shares as the workers see them: a Redis hash written by the web side
 (:data:`webapp.transport.keys.SHARES_KEY`), rewritten whole whenever a tenant is saved or deleted,
-by ``manage.py serve`` and when a web process starts (``tenants.shares.publish``).
+by ``manage.py serve`` and when a web process starts (:mod:`webapp.startup`).
 
 Workers read the hash with every heartbeat (every ``HEARTBEAT_INTERVAL`` = 0.5 s) and pass
 it to their engine when it changed, so an edit in the admin reaches running engines within

@@ -64,7 +64,7 @@ def served_field(tenant: str | None) -> str:
     return f"{SERVED_FIELD_PREFIX}{tenant or ''}"
 
 
-# ---- requests taken by workers, and their claims (webapp.serving.held, .registry) ----------
+# ---- requests taken by workers, and their claims (webapp.serving.held, .worker_registry) ---
 
 def held_key(model: str) -> str:
     """Hash ``tessera:held:<model>``: request id -> JSON ``{"worker", "payload", "charge"}`` of each
@@ -82,7 +82,7 @@ def claim_key(request_id: str) -> str:
     return f"tessera:claim:{request_id}"
 
 
-# ---- workers (webapp.serving.registry, .commands, .worker_slot) ----------------------------
+# ---- workers (webapp.serving.worker_registry, .commands, .worker_slot) ---------------------
 
 WORKERS_KEY = "tessera:workers"
 """Sorted set: worker id -> time (s) of its last heartbeat."""

@@ -1,6 +1,6 @@
 """The Lua scripts of a request's way through Redis: the share-aware dequeue over the tenant queues
 (:mod:`webapp.serving.request_queue`), the held records of taken requests (:mod:`webapp.serving.held`)
-and the claims (:mod:`webapp.serving.registry`). Each is atomic in Redis; the comment above each
+and the claims (:mod:`webapp.serving.worker_registry`). Each is atomic in Redis; the comment above each
 gives its ``KEYS`` and ``ARGV`` (key names: :mod:`.keys`).
 """
 from __future__ import annotations

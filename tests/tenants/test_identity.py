@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tests.webapp.serving_stack import MODEL, http
-from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+from tests.tenants.helpers import (  # noqa: F401 (fixtures)
     bearer, completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage, web)
+from tests.webapp.serving_stack import MODEL, http
 from webapp import launcher
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.tenants.helpers import make_tenant, orm, wait_usage, web  # noqa: F401 (fixtures)
+from tests.webapp.browser import Browser
 from tests.webapp.serving_stack import MODEL, http
-from tests.webapp.tenant_helpers import make_tenant, orm, wait_usage, web  # noqa: F401 (fixtures)
-from tests.webapp.test_tenants_pages import Browser
 from webapp import launcher
 
 

@@ -1,10 +1,10 @@
 """One reader of the workers' published stats per web process, shared by every dashboard viewer.
 
-While at least one viewer is subscribed, the sampler reads Redis every heartbeat interval
+While at least one viewer is subscribed, the poller reads Redis every heartbeat interval
 (the live workers' heartbeats, with their recent figures, and their models' totals) and hands
 each subscriber the new :class:`State`; the tenants' usage comes from the database every
 ``TENANT_REFRESH`` seconds. So the Redis and database load does not grow with the
-number of open pages. With no subscriber it stops; :meth:`StatsSampler.latest` then reads
+number of open pages. With no subscriber it stops; :meth:`StatsPoller.latest` then reads
 once more on demand.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 from asgiref.sync import sync_to_async
 
 from webapp.serving.client import get_redis
-from webapp.serving.registry import HEARTBEAT_INTERVAL, live_workers, model_totals
+from webapp.serving.worker_registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 
 from .served_shares import ServedShares, read_served
 from .stats import ModelStats, Sample, WorkerStats, idle_workers, model_stats
@@ -46,8 +46,8 @@ class State:
 Subscriber = Callable[[State], Awaitable[None]]
 
 
-class StatsSampler:
-    """Samples Redis for the subscribers of one event loop (see the module docstring)."""
+class StatsPoller:
+    """Polls Redis for the subscribers of one event loop (see the module docstring)."""
 
     def __init__(self, interval: float = HEARTBEAT_INTERVAL) -> None:
         self.interval = interval
@@ -70,21 +70,21 @@ class StatsSampler:
     async def latest(self) -> State:
         """The newest state, read now unless a sample is fresh."""
         if self._state is None or time.time() - self._state.time > FRESH:
-            await self._sample()
+            await self._poll()
         return self._state
 
     async def _run(self) -> None:
         while self._subscribers:
             started = time.monotonic()
             try:
-                state = await self._sample()
+                state = await self._poll()
             except Exception as error:  # Redis down or restarting: the viewers stay connected, retry next time
                 logger.warning("reading the workers' stats failed: %s", error)
             else:
                 await asyncio.gather(*(s(state) for s in list(self._subscribers)), return_exceptions=True)
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
-    async def _sample(self) -> State:
+    async def _poll(self) -> State:
         redis = get_redis()
         workers = await live_workers(redis, include_idle=True)  # idle, loading and failed ones too
         now = time.time()
@@ -98,13 +98,13 @@ class StatsSampler:
         return self._state
 
 
-_samplers: dict[int, StatsSampler] = {}
+_pollers: dict[int, StatsPoller] = {}
 
 
-def stats_sampler() -> StatsSampler:
-    """The sampler of the running event loop (one per web process under Daphne)."""
+def stats_poller() -> StatsPoller:
+    """The poller of the running event loop (one per web process under Daphne)."""
     loop = asyncio.get_running_loop()
-    sampler = _samplers.get(id(loop))
-    if sampler is None:
-        sampler = _samplers[id(loop)] = StatsSampler()
-    return sampler
+    poller = _pollers.get(id(loop))
+    if poller is None:
+        poller = _pollers[id(loop)] = StatsPoller()
+    return poller

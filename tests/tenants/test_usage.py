@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tests.webapp.serving_stack import MODEL, http, sse_events
-from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+from tests.tenants.helpers import (  # noqa: F401 (fixtures)
     completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage)
+from tests.webapp.serving_stack import MODEL, http, sse_events
 
 
 def test_usage_equals_what_the_responses_reported(tenant_web):

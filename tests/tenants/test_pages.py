@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from tests.webapp.browser import Browser
-from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+from tests.tenants.helpers import (  # noqa: F401 (fixtures)
     bearer, completion, make_tenant, orm, tenant_web, wait_usage)
+from tests.webapp.browser import Browser
 
 
 @pytest.fixture(scope="module")

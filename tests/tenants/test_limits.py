@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from tests.webapp.serving_stack import MODEL, http
-from tests.webapp.tenant_helpers import (  # noqa: F401 (fixtures)
+from tests.tenants.helpers import (  # noqa: F401 (fixtures)
     HeldStream, completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage, web)
+from tests.webapp.serving_stack import MODEL, http
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def django_apps():
 
 def test_workers_without_a_model_are_listed_apart_and_rows_are_cut_per_viewer(django_apps):
     from dashboard.access import Viewer, visible_snapshot
-    from dashboard.sampler import State
+    from dashboard.stats_poller import State
     from dashboard.stats import Sample, idle_workers, model_stats
 
     serving = {"id": "w1", "model": "m", "host": "gpu1", "device": "cuda:0", "state": "ready", "started": 40.0,
