@@ -84,7 +84,7 @@ class SchedulerConfig:
             ``--async-scheduling``), so the device never waits for the host between steps.
         num_scheduler_steps: decode steps run back to back on the device per scheduling of a
             decode-only batch (vLLM's former ``--num-scheduler-steps``; 1: one step per schedule).
-            See :mod:`inference.core.multi_step` for when a batch falls back to one step.
+            See :mod:`inference.sched.decode_windows` for when a batch falls back to one step.
     """
 
     max_num_seqs: int = 256

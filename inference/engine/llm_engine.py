@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
-from ..core.fair_share import FairShare
-from ..core.output_processor import (SequenceOutputState, append_sampled_token, append_sampled_tokens,
+from ..sched.fair_share import FairShare
+from ..sched.output_processor import (SequenceOutputState, append_sampled_token, append_sampled_tokens,
                                      detokenize_sampled_token, detokenize_sampled_tokens, logprobs_entry)
-from ..core.scheduler import Scheduler
+from ..sched.scheduler import Scheduler
 from ..errors import InvalidRequestError
 from ..kv_cache import KVCacheManager
 from ..model_loader import load_tokenizer
@@ -227,7 +227,7 @@ class LLMEngine:
     def set_tenant_shares(self, shares: Mapping[str, float], priorities: Mapping[str, int] | None = None) -> None:
         """Turn on (or update) tenant GPU shares: from the next step, the scheduler admits
         waiting requests by weighted fair queuing over tokens and preempts from tenants above
-        their share first (:mod:`inference.core.fair_share`).
+        their share first (:mod:`inference.sched.fair_share`).
 
         Args:
             shares: tenant id -> share in percent (only ratios matter; a tenant not listed,
@@ -294,7 +294,7 @@ class LLMEngine:
         A request that a stop string ends in 3 was already launched in 2; that extra token is
         dropped when it arrives. On CPU, step 2 runs to completion before 3 (no overlap).
         With ``num_scheduler_steps > 1`` the launched step may be a window of several decode
-        steps (:mod:`inference.core.multi_step`); 1 and 3 then take up to that many tokens per request.
+        steps (:mod:`inference.sched.decode_windows`); 1 and 3 then take up to that many tokens per request.
 
         Returns:
             Deltas for every request that progressed (new text and token ids; ``finished`` set

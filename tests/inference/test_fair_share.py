@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from inference.config import SchedulerConfig
-from inference.core.fair_share import MIN_SHARE, FairShare
-from inference.core.scheduler import Scheduler
+from inference.sched.fair_share import MIN_SHARE, FairShare
+from inference.sched.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
 from inference.request import Request, RequestStatus
 from inference.sampling_params import SamplingParams

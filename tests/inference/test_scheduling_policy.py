@@ -6,7 +6,7 @@ import pytest
 
 from inference import LLM, InvalidRequestError, SamplingParams
 from inference.config import SchedulerConfig
-from inference.core.scheduler import Scheduler
+from inference.sched.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
 from inference.request import Request, RequestStatus
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from inference.core.output_processor import append_sampled_token, append_sampled_tokens
+from inference.sched.output_processor import append_sampled_token, append_sampled_tokens
 from inference.request import Request
 from inference.sampling_params import SamplingParams
 

@@ -17,7 +17,7 @@ class ScheduledRequest:
         num_scheduled_tokens: tokens computed in this step (1 for a decode).
         samples: whether this step reaches the end of the known tokens, so a token is sampled.
         forks: parallel samples of the same prompt that sample their first token from this
-            request's last row in this step and then share its blocks (see ``core.parallel_sampling``).
+            request's last row in this step and then share its blocks (see ``sched.parallel_sampling``).
     """
 
     request: Request
@@ -43,7 +43,7 @@ class SchedulerOutput:
         blocks_to_copy: ``(source, destination)`` block ids within the KV cache (copy on write of
             a block that parallel samples share).
         blocks_to_swap_in: ``(CPU block, GPU block)`` of requests swapped back in.
-        num_steps: decode steps run back to back (multi-step scheduling, :mod:`.multi_step`):
+        num_steps: decode steps run back to back (multi-step scheduling, :mod:`.decode_windows`):
             with ``num_steps > 1`` every item is a one-token decode whose blocks hold
             ``num_steps`` new tokens, and step ``k``'s inputs are step ``k - 1``'s tokens.
         input_rows: of a step scheduled ahead with multi-step scheduling, the rows of the

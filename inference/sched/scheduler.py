@@ -20,7 +20,7 @@ from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
 from .fair_share import FairShare
-from .multi_step import reserve_window, rows_ahead, window_size
+from .decode_windows import reserve_window, rows_ahead, window_size
 from .parallel_sampling import ParallelSampling
 from .policy import SchedulingPolicy, make_policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
@@ -98,7 +98,7 @@ class Scheduler:
 
     def _reserve_window(self, out: SchedulerOutput, num_pending: int = 0) -> None:
         """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
-        when :func:`.multi_step.window_size` allows and the KV pool holds the window."""
+        when :func:`.decode_windows.window_size` allows and the KV pool holds the window."""
         admission_possible = bool(self.num_waiting) and len(self.running) < self.config.max_num_seqs
         num_steps = window_size(out, self.config.num_scheduler_steps, self.config.max_model_len,
                                 admission_possible, num_pending)
@@ -190,7 +190,7 @@ class Scheduler:
         request can finish by length with ``prev``'s token. Then the next step decodes the same
         requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
         a stop string computes one token that is thrown away). With multi-step scheduling the rule
-        is :func:`.multi_step.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
+        is :func:`.decode_windows.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
         stop tokens is built from the tokens appended so far, which would not count ``prev``'s. Nor
         while a request's output follows a grammar: its next bitmask needs ``prev``'s token."""
         if self.num_waiting or prev.preempted_ids:
@@ -217,7 +217,7 @@ class Scheduler:
 
         With multi-step scheduling: the requests of ``prev`` still running (``out.input_rows``
         when some have left), their input the token of ``prev``'s last step, and a window itself
-        when :func:`.multi_step.window_size` allows."""
+        when :func:`.decode_windows.window_size` allows."""
         if self.config.num_scheduler_steps > 1:
             rows = self._rows_ahead
             out = SchedulerOutput(scheduled=[prev.scheduled[row] for row in rows],
