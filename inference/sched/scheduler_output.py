@@ -1,11 +1,11 @@
-"""Typed seams between the scheduler and the model runner."""
+"""Typed seams between the scheduler, the model runner and the output processor."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-from ..request import Request
+from ..request import Request, RequestStatus
 
 
 @dataclass
@@ -88,3 +88,68 @@ class ModelRunnerOutput:
     logprobs: list[tuple[torch.Tensor, torch.Tensor, int] | None]
     prompt_logprobs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     multi_step_token_ids: list[list[int]] | None = None
+
+
+# ---- what the scheduler's update returns to the output processor -------------------------
+# Slotted, not frozen: one SampledTokens per request per step on the hot path, and a frozen
+# dataclass's __init__ costs several times a plain one. Treat them as read-only.
+@dataclass(slots=True)
+class SampledTokens:
+    """The tokens one request appended in a step, as ``Scheduler.update_from_output`` decided.
+
+    Attributes:
+        request: the request (a parallel sample's own request, not its prompt's leader).
+        token_ids: the tokens appended, in order: one for a single step; for a multi-step window,
+            those up to the one that finished the request (the tokens sampled after it are dropped).
+        logprobs: ``(token_ids [k+1] int64, logprobs [k+1] float32, rank of sampled)`` with the sampled
+            token first, or None (always None for a window).
+        status: the finish these token ids imply (EOS, a stop token id, a length limit, a grammar
+            complete or refused), already applied in the scheduler; None while the request runs.
+    """
+
+    request: Request
+    token_ids: list[int]
+    logprobs: tuple[torch.Tensor, torch.Tensor, int] | None
+    status: RequestStatus | None
+
+
+@dataclass(slots=True)
+class PromptLogprobs:
+    """Prompt logprobs of the prompt positions one request computed in a step (position i scores
+    prompt token i + 1).
+
+    Attributes:
+        request: the request whose prompt chunk ran.
+        token_ids: ``[T, k+1]`` int64, the prompt token first in each row.
+        logprobs: ``[T, k+1]`` float32.
+        ranks: ``[T]`` int64, the prompt token's rank.
+    """
+
+    request: Request
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    ranks: torch.Tensor
+
+
+@dataclass(slots=True)
+class SchedulerUpdate:
+    """What a step appended (``Scheduler.update_from_output``), for the output processor and the
+    engine's counters.
+
+    Attributes:
+        sampled: one record per request that appended tokens, in batch order.
+        prompt_logprobs: the prompt-logprob chunks of the step, in batch order.
+        num_prompt_tokens: prompt tokens of the requests whose prefill finished in the step (a
+            prompt sampled ``n`` times counts once; 0 for a window).
+        num_prompt_tokens_computed: prompt positions whose K/V the step computed (recomputes
+            included; 0 for a window).
+    """
+
+    sampled: list[SampledTokens] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_prompt_tokens_computed: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.sampled and not self.prompt_logprobs
