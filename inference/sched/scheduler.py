@@ -24,8 +24,8 @@ import time
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
-from .fair_share import FairShare
 from .decode_windows import reserve_window, rows_ahead, window_size
+from .fair_share import FairShare
 from .parallel_sampling import ParallelSampling
 from .policy import SchedulingPolicy, make_policy
 from .scheduler_output import (ModelRunnerOutput, PromptLogprobs, SampledTokens, ScheduledRequest, SchedulerOutput,
@@ -252,7 +252,8 @@ class Scheduler:
         return out
 
     # ---- after a step ---------------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> SchedulerUpdate:
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> SchedulerUpdate:
         """Update the requests after ``scheduler_output`` ran: advance ``num_computed_tokens`` (and the
         prefix cache, the tenants' charges, the forks of parallel samples) unless
         :meth:`schedule_ahead` already did, append the sampled tokens and finish the requests their
