@@ -18,15 +18,18 @@ def make_scheduler(num_blocks: int = 16) -> Scheduler:
     return Scheduler(config, KVCacheManager(num_blocks, 4))
 
 
-def make_request(rid: str, max_tokens: int = 8) -> Request:
-    return Request(rid, rid, 0, [5, 6, 7, 8, 9], SamplingParams(max_tokens=max_tokens, stop_token_ids=[2]), max_tokens)
+def with_requests(*rids: str) -> tuple[Scheduler, list[Request]]:
+    """A scheduler (16 blocks of 4 tokens) holding requests of 5 prompt tokens, stop token id 2."""
+    scheduler = make_scheduler()
+    requests = [Request(rid, rid, 0, [5, 6, 7, 8, 9], SamplingParams(max_tokens=8, stop_token_ids=[2]), 8)
+                for rid in rids]
+    for request in requests:
+        scheduler.add_request(request)
+    return scheduler, requests
 
 
 def test_a_step_appends_one_token_per_request_as_records():
-    scheduler = make_scheduler()
-    a, b = make_request("a"), make_request("b")
-    scheduler.add_request(a)
-    scheduler.add_request(b)
+    scheduler, (a, b) = with_requests("a", "b")
     out = scheduler.schedule()
     result = update(scheduler, out, token_id=3)
     assert [type(r) for r in result.sampled] == [SampledTokens, SampledTokens]
@@ -36,9 +39,7 @@ def test_a_step_appends_one_token_per_request_as_records():
 
 
 def test_a_stop_token_finishes_the_request_and_frees_its_blocks():
-    scheduler = make_scheduler()
-    request = make_request("a")
-    scheduler.add_request(request)
+    scheduler, [request] = with_requests("a")
     update(scheduler, scheduler.schedule(), token_id=3)
     [record] = update(scheduler, scheduler.schedule(), token_id=2).sampled
     assert record.status is RequestStatus.FINISHED_STOPPED and request.stop_reason == 2
@@ -46,10 +47,7 @@ def test_a_stop_token_finishes_the_request_and_frees_its_blocks():
 
 
 def test_a_request_finished_while_its_step_ran_appends_nothing():
-    scheduler = make_scheduler()
-    a, b = make_request("a"), make_request("b")
-    scheduler.add_request(a)
-    scheduler.add_request(b)
+    scheduler, (a, b) = with_requests("a", "b")
     out = scheduler.schedule()
     scheduler.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)  # a stop string, while the step runs
     result = update(scheduler, out, token_id=3)
@@ -58,9 +56,7 @@ def test_a_request_finished_while_its_step_ran_appends_nothing():
 
 
 def test_a_step_scheduled_ahead_is_advanced_once():
-    scheduler = make_scheduler()
-    request = make_request("a")
-    scheduler.add_request(request)
+    scheduler, [request] = with_requests("a")
     update(scheduler, scheduler.schedule(), token_id=3)
     decode = scheduler.schedule()
     assert scheduler.can_schedule_ahead(decode, max_model_len=64)
