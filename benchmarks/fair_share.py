@@ -1,4 +1,4 @@
-"""Tenant GPU shares in the engine (``inference/core/fair_share.py``), measured on a real engine.
+"""Tenant GPU shares in the engine (``inference/sched/fair_share.py``), measured on a real engine.
 
 Three figures, each from a run that drives ``LLMEngine.step()`` with tenants that keep
 ``--backlog`` requests waiting (identical workloads, ignore_eos):

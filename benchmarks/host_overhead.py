@@ -93,9 +93,9 @@ def phase_timers(engine) -> Timers:
     runner, scheduler = engine.runner, engine.scheduler
     for owner, attr in ((runner.model, "forward"), (runner.model, "compute_logits"), (runner, "sampler")):
         timers.wrap(owner, attr, f"forward.{attr}")
-    for owner, attr in ((engine, "_finish_inflight"), (engine, "_detokenize"), (scheduler, "can_schedule_ahead"),
-                        (scheduler, "schedule_ahead"), (scheduler, "update_after_step"), (scheduler, "update_after_multi_step"), (scheduler, "schedule"),
-                        (runner, "execute_async")):
+    for owner, attr in ((engine, "_finish_inflight"), (engine.output_processor, "process"),
+                        (scheduler, "can_schedule_ahead"), (scheduler, "schedule_ahead"), (scheduler, "update_from_output"),
+                        (scheduler, "schedule"), (runner, "execute_async")):
         timers.wrap(owner, attr, attr)
     return timers
 

@@ -27,7 +27,7 @@ class PhaseTimers:
         self._wrap(engine, "_finish_inflight", "finish_inflight")
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "execute_async", "prepare_and_launch")
-        self._wrap(engine, "_detokenize", "detokenize")
+        self._wrap(engine.output_processor, "process", "detokenize")
         # inside prepare_and_launch
         from inference.runner import model_runner
         from inference.sampling import SamplingMetadata

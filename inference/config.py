@@ -1,11 +1,12 @@
 """Frozen engine configuration, built once from the user's arguments.
 
-Values discovered at run time (the number of KV blocks) are not patched in here: the
-model runner returns them as a new ``CacheConfig`` (see ``CacheConfig.with_num_blocks``).
+Values discovered at run time are not patched in here: the number of KV blocks is the model
+runner's (``ModelRunner.num_blocks``: the ``num_kv_blocks`` override, else what
+``runner/kv_sizing.py`` finds room for, the minimum over tensor-parallel ranks), and the engine
+builds its ``KVCacheManager`` from it.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,6 @@ class CacheConfig:
         block_size: tokens per KV block.
         gpu_memory_utilization: fraction of GPU memory the engine may use (weights + activations + KV).
         kv_cache_space: GiB of KV cache on CPU.
-        num_blocks: blocks in the pool; None until the model runner has sized it.
         enable_prefix_caching: share full blocks between requests by content hash.
         swap_space: GiB of CPU memory (pinned on CUDA) for swapped-out blocks (preemption_mode "swap").
     """
@@ -58,12 +58,8 @@ class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_space: float = 4.0
-    num_blocks: int | None = None
     enable_prefix_caching: bool = False
     swap_space: float = 0.0
-
-    def with_num_blocks(self, num_blocks: int) -> "CacheConfig":
-        return dataclasses.replace(self, num_blocks=num_blocks)
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ class SchedulerConfig:
             ``--async-scheduling``), so the device never waits for the host between steps.
         num_scheduler_steps: decode steps run back to back on the device per scheduling of a
             decode-only batch (vLLM's former ``--num-scheduler-steps``; 1: one step per schedule).
-            See :mod:`inference.core.multi_step` for when a batch falls back to one step.
+            See :mod:`inference.sched.decode_windows` for when a batch falls back to one step.
     """
 
     max_num_seqs: int = 256

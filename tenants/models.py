@@ -28,7 +28,7 @@ class Tenant(models.Model):
 
     Limits left empty are not enforced. ``gpu_share`` is the percentage of the engine's
     tokens the tenant is guaranteed while it has work waiting; shares are weights, so a
-    tenant alone may use the whole GPU (see ``inference/core/fair_share.py``).
+    tenant alone may use the whole GPU (see ``inference/sched/fair_share.py``).
     """
 
     slug = models.SlugField(max_length=64, unique=True, help_text="What clients send in X-Tenant-ID.")

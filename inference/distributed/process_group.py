@@ -39,10 +39,6 @@ class TensorParallelGroup:
     pg: object | None = None
     store: object | None = field(default=None, repr=False)
 
-    @property
-    def is_first(self) -> bool:
-        return self.rank == 0
-
     def shutdown(self) -> None:
         """Release this rank's communicators (idempotent; nothing to do for one rank).
 

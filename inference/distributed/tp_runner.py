@@ -7,7 +7,7 @@ import logging
 import torch
 
 from ..config import EngineConfig
-from ..core.scheduler_output import SchedulerOutput
+from ..sched.scheduler_output import SchedulerOutput
 from ..runner.model_runner import ModelRunner, StepHandle
 from .process_group import join_group
 from .rank_processes import RankProcesses, TensorParallelError, threads_per_rank

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
-from ..core.multi_step import MAX_SCHEDULER_STEPS
-from ..core.policy import POLICIES
-from ..core.scheduler import PREEMPTION_MODES
+from ..sched.decode_windows import MAX_SCHEDULER_STEPS
+from ..sched.policy import POLICIES
+from ..sched.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
@@ -33,7 +33,7 @@ class EngineArgs:
     (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
     where it pays and is supported: on a GPU, one rank, prefix caching off. ``num_scheduler_steps``
     (1 to 64, one rank) runs that many decode steps per scheduling of a decode-only batch
-    (:mod:`inference.core.multi_step`).
+    (:mod:`inference.sched.decode_windows`).
     """
 
     model: str = "smollm2-135m-instruct"

@@ -1,20 +1,13 @@
 """Building blocks shared by the decoder models: RMSNorm, rotary embedding, gated MLP activation."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-def use_triton_layers(x: torch.Tensor) -> bool:
-    """The fused Triton layers run on CUDA tensors when Triton is installed; the CPU path is PyTorch."""
-    return x.is_cuda and _HAS_TRITON
+from ..triton_utils import use_triton_layers
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import InvalidRequestError
-from ..models.layers import use_triton_layers
+from ..triton_utils import use_triton_layers
 from .linear import LinearMethodBase, QuantizedLinear
 
 FP8_DTYPE = torch.float8_e4m3fn

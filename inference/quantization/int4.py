@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ModelLoadError
-from ..models.layers import use_triton_layers
+from ..triton_utils import use_triton_layers
 from . import packing
 from .config import QuantizationConfig
 from .linear import LinearMethodBase, QuantizedLinear

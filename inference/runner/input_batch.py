@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, PrefillSegment
-from ..core.scheduler_output import SchedulerOutput
+from ..sched.scheduler_output import SchedulerOutput
 from ..host_to_device import to_device
 
 

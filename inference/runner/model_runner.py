@@ -10,7 +10,7 @@ import torch
 
 from ..config import EngineConfig
 from ..host_to_device import tensor_to_device
-from ..core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ..sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
 from ..distributed.partition import head_partition
 from ..distributed.process_group import TensorParallelGroup

@@ -1,6 +1,6 @@
 """The device loop of multi-step scheduling: ``N`` decode steps back to back, one copy to the host.
 
-Step ``k + 1`` of a window (:mod:`inference.core.multi_step`) decodes the tokens step ``k``
+Step ``k + 1`` of a window (:mod:`inference.sched.decode_windows`) decodes the tokens step ``k``
 sampled, still on the device: its positions and sequence lengths are step ``k``'s plus one and
 its slot mapping is read from the block tables already on the device (the scheduler reserved
 the window's blocks), with a few small tensor ops and no host synchronisation. Decode steps
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..core.scheduler_output import ModelRunnerOutput
+from ..sched.scheduler_output import ModelRunnerOutput
 from ..sampling import SamplingMetadata
 from .input_batch import ModelInput
 

@@ -13,11 +13,13 @@ from collections import Counter
 import pytest
 
 from inference.config import SchedulerConfig
-from inference.core.fair_share import MIN_SHARE, FairShare
-from inference.core.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
-from inference.request import Request, RequestStatus
+from inference.request import Request
 from inference.sampling_params import SamplingParams
+from inference.sched.fair_share import MIN_SHARE, FairShare
+from inference.sched.scheduler import Scheduler
+
+from .model_free import update
 
 _ids = itertools.count()
 
@@ -144,15 +146,10 @@ def step(scheduler: Scheduler) -> Counter:
     config = scheduler.config
     assert (out.total_num_scheduled_tokens == config.max_num_batched_tokens or out.preempted_ids
             or len(out.scheduled) == config.max_num_seqs or not scheduler.waiting)
-    scheduler.update_after_step(out)
+    update(scheduler, out, token_id=7)  # appends, and finishes the requests at max_tokens
     served: Counter = Counter()
     for item in out.scheduled:
         served[item.request.tenant_id] += item.num_scheduled_tokens
-        if item.samples:
-            request = item.request
-            request.append_output_token(7)
-            if request.num_output_tokens >= request.max_tokens:
-                scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
     return served
 
 
@@ -269,10 +266,7 @@ def test_preemption_takes_from_the_tenant_above_its_share(with_shares):
     for _ in range(10):
         out = scheduler.schedule()
         victims.update(rid.split("-")[0] for rid in out.preempted_ids)
-        scheduler.update_after_step(out)
-        for item in out.scheduled:
-            if item.samples:
-                item.request.append_output_token(7)
+        update(scheduler, out, token_id=7)
     if with_shares:
         assert victims["small"] > 0 and victims["big"] == 0, victims
     else:

@@ -6,9 +6,12 @@ import pytest
 
 from inference import LLM, SamplingParams
 from inference.config import SchedulerConfig
-from inference.core.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
 from inference.request import Request, RequestStatus
+from inference.sched.scheduler import Scheduler
+from inference.sched.scheduler_output import ModelRunnerOutput
+
+from .model_free import update
 
 SEED_MULTIPLIER = 1000003  # Request seeds sample i's generator with seed * SEED_MULTIPLIER + i (mod 2**64)
 
@@ -62,11 +65,11 @@ def test_scheduler_prefills_once_then_forks():
     [item] = first.scheduled
     assert item.request is children[0] and item.num_scheduled_tokens == 6
     assert item.sampling_requests == children
-    scheduler.update_after_step(first)
+    result = scheduler.update_from_output(first, ModelRunnerOutput([100, 101, 102], [None] * 3))
     assert scheduler.running == children and scheduler.num_waiting == 0
     assert all(c.block_ids == [0, 1] and c.num_computed_tokens == 6 for c in children)
-    for i, c in enumerate(children):
-        c.append_output_token(100 + i)
+    assert [(r.request, r.token_ids) for r in result.sampled] == [(c, [100 + i]) for i, c in enumerate(children)]
+    assert all(c.output_token_ids == [100 + i] for i, c in enumerate(children))
     second = scheduler.schedule()
     assert [s.num_scheduled_tokens for s in second.scheduled] == [1, 1, 1]
     # children[0] writes first, while the others still hold block 1: it copies; so does
@@ -132,7 +135,7 @@ def test_samples_beyond_max_num_seqs_wait_without_blocks():
     steps = 0
     while scheduler.num_unfinished:
         out = scheduler.schedule()
-        scheduler.update_after_step(out)
+        update(scheduler, out, token_id=1)
         if steps == 0:
             assert scheduler.running == children[:2] and children[1].block_ids == children[0].block_ids
             assert [r.request_id for r in scheduler.waiting] == ["p#2", "p#3"]
@@ -140,7 +143,6 @@ def test_samples_beyond_max_num_seqs_wait_without_blocks():
             assert scheduler.kv.num_free_blocks == 8
         for item in out.scheduled:
             for r in item.sampling_requests:
-                r.append_output_token(1)
                 if r.num_output_tokens == 3:
                     scheduler.finish_request(r, RequestStatus.FINISHED_LENGTH)
         steps += 1

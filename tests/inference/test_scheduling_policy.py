@@ -6,9 +6,11 @@ import pytest
 
 from inference import LLM, InvalidRequestError, SamplingParams
 from inference.config import SchedulerConfig
-from inference.core.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
 from inference.request import Request, RequestStatus
+from inference.sched.scheduler import Scheduler
+
+from .model_free import update
 
 
 def make_scheduler(policy: str, num_blocks: int, block_size: int = 4, max_num_seqs: int = 8) -> Scheduler:
@@ -28,12 +30,7 @@ def add(scheduler: Scheduler, rid: str, priority: int, arrival: float, num_promp
 def step(scheduler: Scheduler):
     """One engine step without a model: every sampling request gets token 1."""
     out = scheduler.schedule()
-    scheduler.update_after_step(out)
-    for item in out.scheduled:
-        if item.samples:
-            item.request.append_output_token(1)
-            if item.request.num_output_tokens >= item.request.max_tokens:
-                scheduler.finish_request(item.request, RequestStatus.FINISHED_LENGTH)
+    update(scheduler, out, token_id=1)  # appends, and finishes the requests at max_tokens
     return out
 
 

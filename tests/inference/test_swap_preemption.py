@@ -6,9 +6,11 @@ import pytest
 
 from inference import LLM, InvalidRequestError, SamplingParams
 from inference.config import SchedulerConfig
-from inference.core.scheduler import Scheduler
 from inference.kv_cache import KVCacheManager
 from inference.request import Request, RequestStatus
+from inference.sched.scheduler import Scheduler
+
+from .model_free import update
 
 
 def make_request(rid: str, num_tokens: int, max_tokens: int = 8) -> Request:
@@ -88,13 +90,9 @@ def test_scheduler_swaps_the_victim_out_and_back_in():
         if out.preempted_ids:
             assert out.preempted_ids == ["c"] and requests[2].is_swapped
             assert requests[2].num_computed_tokens == 4 and requests[2].status == RequestStatus.PREEMPTED
-        scheduler.update_after_step(out)
-        for item in out.scheduled:
-            if item.samples:
-                item.request.append_output_token(1)
-                if item.request.num_output_tokens == item.request.max_tokens:
-                    scheduler.finish_request(item.request, RequestStatus.FINISHED_LENGTH)
-                    finished.append(item.request.request_id)
+        for record in update(scheduler, out, token_id=1).sampled:  # finishes the requests at max_tokens
+            if record.status is RequestStatus.FINISHED_LENGTH:
+                finished.append(record.request.request_id)
     assert swap_outs == [(2, 0)] and len(swap_ins) == 1 and swap_ins[0][0] == 0
     assert sorted(finished) == ["a", "b", "c"] and scheduler.num_preemptions_total == 1
     assert scheduler.kv.num_free_blocks == 4 and scheduler.kv.num_free_cpu_blocks == 4

@@ -1,11 +1,11 @@
-"""A multi-step window's tokens appended at once (``output_processor.append_sampled_tokens``) end a request
+"""A multi-step window's tokens appended at once (``sched.token_appends.append_sampled_tokens``) end a request
 where appending them one by one (``append_sampled_token``) would: length limits, EOS, stop token ids,
 ``min_tokens`` and ``ignore_eos``, with the same tokens kept and the same stop reason."""
 from __future__ import annotations
 
 import random
 
-from inference.core.output_processor import append_sampled_token, append_sampled_tokens
+from inference.sched.token_appends import append_sampled_token, append_sampled_tokens
 from inference.request import Request
 from inference.sampling_params import SamplingParams
 

@@ -9,7 +9,7 @@ the web processes enqueue their requests again: :func:`enqueue` returns it).
 The dequeue (:data:`webapp.transport.queue_scripts.TAKE`, one atomic Lua script) is start-time
 fair queuing over the tenant queues, with the Virtual Token Counter of Sheng et al., "Fairness in
 Serving Large Language Models" (OSDI 2024) as the tenants' finish tags — the counters the
-engine's scheduler keeps (:mod:`inference.core.fair_share`), shared in Redis by every worker of
+engine's scheduler keeps (:mod:`inference.sched.fair_share`), shared in Redis by every worker of
 the model so that the shares hold in aggregate, not per worker:
 
 * among the tenants with queued requests, the one with the lowest counter goes next (ties:
@@ -21,7 +21,7 @@ the model so that the shares hold in aggregate, not per worker:
 * taking a request charges its tenant's counter with the tokens the request may cost, as the
   engine's scheduler charges a request it admits: its prompt plus ``n`` × ``max_tokens``,
   divided by the tenant's weight (its share in percent, at least
-  :data:`inference.core.fair_share.MIN_SHARE`); the virtual time moves to the counter the
+  :data:`inference.sched.fair_share.MIN_SHARE`); the virtual time moves to the counter the
   tenant had (its start tag);
 * when the request ends, the worker corrects the charge to the tokens it really cost
   (:class:`.ledger.RequestLedger`); a request given back to the queue is refunded.

@@ -5,7 +5,7 @@ gives its ``KEYS`` and ``ARGV`` (key names: :mod:`.keys`).
 """
 from __future__ import annotations
 
-from inference.core.fair_share import MIN_SHARE
+from inference.sched.fair_share import MIN_SHARE
 
 from .keys import DOORBELL_LENGTH
 

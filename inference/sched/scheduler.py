@@ -11,6 +11,11 @@ blocks are copied to the CPU swap space and back when it resumes (recompute when
 is full). With prefix caching, a request being admitted starts after its longest cached prefix
 (a preempted one usually finds its own blocks). Parallel samples of one prompt are prefilled
 once and fork (:mod:`.parallel_sampling`).
+
+After each step, :meth:`Scheduler.update_from_output` alone updates the requests: it advances
+``num_computed_tokens``, appends the sampled tokens and finishes the requests whose token ids end
+them (:mod:`.token_appends`); stop strings are found later, in the text (the engine's output
+processor), and the engine then finishes those requests here.
 """
 from __future__ import annotations
 
@@ -19,11 +24,13 @@ import time
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..request import Request, RequestStatus
+from .decode_windows import reserve_window, rows_ahead, window_size
 from .fair_share import FairShare
-from .multi_step import reserve_window, rows_ahead, window_size
 from .parallel_sampling import ParallelSampling
 from .policy import SchedulingPolicy, make_policy
-from .scheduler_output import ScheduledRequest, SchedulerOutput
+from .scheduler_output import (ModelRunnerOutput, PromptLogprobs, SampledTokens, ScheduledRequest, SchedulerOutput,
+                               SchedulerUpdate)
+from .token_appends import append_sampled_token, append_sampled_tokens
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -42,6 +49,7 @@ class Scheduler:
         self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
         self._observed_running = 0  # running requests when the fair share last saw them
         self._rows_ahead: list[int] | None = None  # multi-step: the batch can_schedule_ahead found for schedule_ahead
+        self._advanced_ahead: SchedulerOutput | None = None  # the step schedule_ahead advanced before its tokens
 
     # ---- admission and removal -------------------------------------------------------
     def add_request(self, request: Request, followers: list[Request] | None = None) -> None:
@@ -63,6 +71,14 @@ class Scheduler:
             self.parallel.discard(request)
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """:meth:`finish_request` by id (the requests a stop string ended); ids of requests already
+        finished are ignored."""
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                self.finish_request(request, status)
 
     @property
     def waiting(self) -> SchedulingPolicy:
@@ -98,7 +114,7 @@ class Scheduler:
 
     def _reserve_window(self, out: SchedulerOutput, num_pending: int = 0) -> None:
         """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
-        when :func:`.multi_step.window_size` allows and the KV pool holds the window."""
+        when :func:`.decode_windows.window_size` allows and the KV pool holds the window."""
         admission_possible = bool(self.num_waiting) and len(self.running) < self.config.max_num_seqs
         num_steps = window_size(out, self.config.num_scheduler_steps, self.config.max_model_len,
                                 admission_possible, num_pending)
@@ -190,7 +206,7 @@ class Scheduler:
         request can finish by length with ``prev``'s token. Then the next step decodes the same
         requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
         a stop string computes one token that is thrown away). With multi-step scheduling the rule
-        is :func:`.multi_step.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
+        is :func:`.decode_windows.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
         stop tokens is built from the tokens appended so far, which would not count ``prev``'s. Nor
         while a request's output follows a grammar: its next bitmask needs ``prev``'s token."""
         if self.num_waiting or prev.preempted_ids:
@@ -210,14 +226,17 @@ class Scheduler:
         return True
 
     def schedule_ahead(self, prev: SchedulerOutput) -> SchedulerOutput | None:
-        """The decode step after ``prev`` (after :meth:`can_schedule_ahead` and
-        ``update_after_step(prev)``): one token per request, whose input is the token ``prev``
-        samples on the device. None when the KV pool cannot hold the new tokens (the regular
-        :meth:`schedule` then preempts); slots already given stay with their requests.
+        """The decode step after ``prev`` (after :meth:`can_schedule_ahead`): one token per request,
+        whose input is the token ``prev`` samples on the device. First advances ``prev``'s requests
+        as :meth:`update_from_output` would (it then only appends ``prev``'s tokens). None when the
+        KV pool cannot hold the new tokens (the regular :meth:`schedule` then preempts); slots
+        already given stay with their requests.
 
         With multi-step scheduling: the requests of ``prev`` still running (``out.input_rows``
         when some have left), their input the token of ``prev``'s last step, and a window itself
-        when :func:`.multi_step.window_size` allows."""
+        when :func:`.decode_windows.window_size` allows."""
+        self._advance(prev)  # prev's tokens are not known yet: prefix caching is off (async scheduling)
+        self._advanced_ahead = prev
         if self.config.num_scheduler_steps > 1:
             rows = self._rows_ahead
             out = SchedulerOutput(scheduled=[prev.scheduled[row] for row in rows],
@@ -232,11 +251,86 @@ class Scheduler:
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         return out
 
-    def update_after_multi_step(self, out: SchedulerOutput) -> None:
-        """``update_after_step`` of a multi-step window (``out.num_steps > 1``), called once the
-        window's tokens are appended (or, scheduling ahead, before: prefix caching is off then):
-        every request still running computed ``num_steps`` tokens (those that finished in the
-        window were freed; nothing of theirs is kept)."""
+    # ---- after a step ---------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> SchedulerUpdate:
+        """Update the requests after ``scheduler_output`` ran: advance ``num_computed_tokens`` (and the
+        prefix cache, the tenants' charges, the forks of parallel samples) unless
+        :meth:`schedule_ahead` already did, append the sampled tokens and finish the requests their
+        ids end (:mod:`.token_appends`). Requests finished while the step ran (aborted, or ended by a
+        stop string) append nothing: the token they sampled is dropped.
+
+        Returns:
+            The tokens appended per request and the prompt-logprob chunks (typed records), for the
+            output processor.
+        """
+        if scheduler_output.num_steps > 1:
+            return self._update_from_window(scheduler_output, runner_output.multi_step_token_ids)
+        if scheduler_output is self._advanced_ahead:
+            self._advanced_ahead = None
+        else:
+            self._advance_step(scheduler_output)
+        token_ids, logprobs_list, prompt_logprobs = (runner_output.sampled_token_ids, runner_output.logprobs,
+                                                     runner_output.prompt_logprobs)
+        max_model_len, finish_request = self.config.max_model_len, self.finish_request
+        update = SchedulerUpdate()
+        sampled = update.sampled
+        row = 0  # the next sampled row: one per sampling request, in batch order
+        prompts = computed = 0  # prompts whose prefill finished, prompt positions computed
+        for item in scheduler_output.scheduled:
+            req = item.request
+            samples = () if not item.samples else item.sampling_requests if item.forks else (req,)
+            first_row, row = row, row + len(samples)
+            if req.is_finished:  # aborted (every sample then) or ended by a stop string while in flight
+                continue
+            if prompt_logprobs and req.request_id in prompt_logprobs:
+                update.prompt_logprobs.append(PromptLogprobs(req, *prompt_logprobs[req.request_id]))
+            start = req.num_computed_tokens - item.num_scheduled_tokens
+            if start < len(req.prompt_token_ids):  # a prompt chunk (decodes skip this bookkeeping)
+                computed += min(req.num_computed_tokens, req.num_prompt_tokens) - start
+                if samples and req.num_output_tokens == 0:
+                    prompts += req.num_prompt_tokens  # once per prompt, also with n > 1
+            for index, sample in enumerate(samples, first_row):
+                if sample.is_finished:  # ended by a stop string while in flight
+                    continue
+                token_id = token_ids[index]
+                status = append_sampled_token(sample, token_id, max_model_len)
+                if status is not None:
+                    finish_request(sample, status)
+                sampled.append(SampledTokens(sample, [token_id], logprobs_list[index], status))
+        update.num_prompt_tokens, update.num_prompt_tokens_computed = prompts, computed
+        return update
+
+    def _update_from_window(self, out: SchedulerOutput, window_tokens: list[list[int]]) -> SchedulerUpdate:
+        """:meth:`update_from_output` of a multi-step window: per request, its tokens in order up to
+        the one that finishes it (the others are dropped); then the window's advance."""
+        max_model_len, finish_request = self.config.max_model_len, self.finish_request
+        sampled = []
+        for item, tokens in zip(out.scheduled, window_tokens):
+            req = item.request
+            if req.is_finished:  # aborted, or ended by a stop string, while in flight
+                continue
+            tokens, status = append_sampled_tokens(req, tokens, max_model_len)
+            if status is not None:
+                finish_request(req, status)
+            sampled.append(SampledTokens(req, tokens, None, status))
+        if out is self._advanced_ahead:
+            self._advanced_ahead = None
+        else:
+            self._advance_window(out)
+        return SchedulerUpdate(sampled)
+
+    def _advance(self, out: SchedulerOutput) -> None:
+        if out.num_steps > 1:
+            self._advance_window(out)
+        else:
+            self._advance_step(out)
+
+    def _advance_window(self, out: SchedulerOutput) -> None:
+        """The advance of a multi-step window (``out.num_steps > 1``), once the window's tokens are
+        appended (or, scheduling ahead, before: prefix caching is off then): every request still
+        running computed ``num_steps`` tokens (those that finished in the window were freed; nothing
+        of theirs is kept)."""
         fair_share, kv, num_steps = self.fair_share, self.kv, out.num_steps
         for item in out.scheduled:
             request = item.request
@@ -246,9 +340,9 @@ class Scheduler:
                 request.num_computed_tokens += num_steps
                 kv.cache_blocks(request)
 
-    def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance ``num_computed_tokens`` of every request that ran in the step and register
-        its newly completed blocks in the prefix cache."""
+    def _advance_step(self, out: SchedulerOutput) -> None:
+        """Advance ``num_computed_tokens`` of every request that ran in the step, register its newly
+        completed blocks in the prefix cache, and fork the parallel samples whose prompt it computed."""
         fair_share, kv = self.fair_share, self.kv
         for item in out.scheduled:
             request = item.request

@@ -1,1 +1,0 @@
-"""Engine core: scheduler, output processing and the step loop (plain logic, no I/O)."""
