@@ -23,8 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--max-num-batched-tokens": ("max_num_batched_tokens", {"type": int, "help": "Tokens in one engine step."}),
     "--enable-chunked-prefill": ("enable_chunked_prefill", {"action": argparse.BooleanOptionalAction,
                                                             "default": True, "help": "Split long prefills."}),
-    "--enable-prefix-caching": ("enable_prefix_caching", {"action": "store_true",
-                                                          "help": "Share KV blocks of common prefixes."}),
+    "--enable-prefix-caching": ("enable_prefix_caching", {"action": argparse.BooleanOptionalAction, "default": True,
+                                                          "help": "Share KV blocks of common prefixes (on by "
+                                                                  "default, as vLLM)."}),
     "--scheduling-policy": ("scheduling_policy", {"default": "fcfs", "choices": ["fcfs", "priority"],
                                                   "help": "fcfs: arrival order; priority: the request's "
                                                           "'priority' (lower first), then arrival."}),
@@ -45,7 +46,7 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--enforce-eager": ("enforce_eager", {"action": "store_true", "help": "Never capture CUDA graphs."}),
     "--async-scheduling": ("async_scheduling", {"action": argparse.BooleanOptionalAction, "default": None,
                                                 "help": "Schedule decode step N+1 while step N runs (default: on "
-                                                        "a GPU with one rank and prefix caching off)."}),
+                                                        "a GPU with one rank)."}),
     "--num-scheduler-steps": ("num_scheduler_steps", {"type": int, "default": 1,
                                                       "help": "Decode steps run on the device per host iteration "
                                                               "of a decode-only batch (multi-step scheduling)."}),

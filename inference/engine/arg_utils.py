@@ -31,7 +31,7 @@ class EngineArgs:
     ``max_position_embeddings``; ``max_num_batched_tokens=None`` takes 2048 with chunked prefill,
     else ``max(max_model_len, 2048)``. ``num_kv_blocks`` overrides the profiled KV pool size
     (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
-    where it pays and is supported: on a GPU, one rank, prefix caching off. ``num_scheduler_steps``
+    where it pays and is supported: on a GPU with one rank. ``num_scheduler_steps``
     (1 to 64, one rank) runs that many decode steps per scheduling of a decode-only batch
     (:mod:`inference.sched.decode_windows`).
     """
@@ -50,7 +50,7 @@ class EngineArgs:
     kv_cache_space: float = 4.0
     block_size: int = 16
     num_kv_blocks: int | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
     swap_space: float = 0.0
@@ -196,8 +196,7 @@ class EngineArgs:
         )
 
     def _async_scheduling(self, device: str) -> bool:
-        supported = self.tensor_parallel_size == 1 and not self.enable_prefix_caching
+        supported = self.tensor_parallel_size == 1
         if self.async_scheduling and not supported:
-            raise InvalidRequestError("async_scheduling needs tensor_parallel_size=1 and prefix caching off.",
-                                      param="async_scheduling")
+            raise InvalidRequestError("async_scheduling needs tensor_parallel_size=1.", param="async_scheduling")
         return supported and device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling

@@ -117,10 +117,13 @@ class KVCacheManager:
         return ComputedBlocks(hits, len(hits) * self.block_size) if hits else NO_HIT
 
     def cache_blocks(self, request: Request) -> None:
-        """Register the request's full, computed blocks in the prefix cache (after a step)."""
+        """Register the request's full, computed blocks whose token ids are known in the prefix cache
+        (after a step). A step scheduled ahead advances ``num_computed_tokens`` before the tokens of
+        its multi-step window are appended; their blocks are registered once they are (the
+        scheduler calls this again after appending)."""
         if not self.enable_prefix_caching:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        num_full = min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size
         start = self._num_cached_blocks.get(request.request_id, 0)
         if num_full <= start:
             return

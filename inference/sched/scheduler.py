@@ -235,7 +235,7 @@ class Scheduler:
         With multi-step scheduling: the requests of ``prev`` still running (``out.input_rows``
         when some have left), their input the token of ``prev``'s last step, and a window itself
         when :func:`.decode_windows.window_size` allows."""
-        self._advance(prev)  # prev's tokens are not known yet: prefix caching is off (async scheduling)
+        self._advance(prev)  # the blocks prev's tokens complete are cached once they are appended
         self._advanced_ahead = prev
         if self.config.num_scheduler_steps > 1:
             rows = self._rows_ahead
@@ -266,7 +266,8 @@ class Scheduler:
         """
         if scheduler_output.num_steps > 1:
             return self._update_from_window(scheduler_output, runner_output.multi_step_token_ids)
-        if scheduler_output is self._advanced_ahead:
+        advanced_ahead = scheduler_output is self._advanced_ahead
+        if advanced_ahead:
             self._advanced_ahead = None
         else:
             self._advance_step(scheduler_output)
@@ -299,6 +300,8 @@ class Scheduler:
                     finish_request(sample, status)
                 sampled.append(SampledTokens(sample, [token_id], logprobs_list[index], status))
         update.num_prompt_tokens, update.num_prompt_tokens_computed = prompts, computed
+        if advanced_ahead:
+            self._cache_appended(scheduler_output)
         return update
 
     def _update_from_window(self, out: SchedulerOutput, window_tokens: list[list[int]]) -> SchedulerUpdate:
@@ -316,9 +319,19 @@ class Scheduler:
             sampled.append(SampledTokens(req, tokens, None, status))
         if out is self._advanced_ahead:
             self._advanced_ahead = None
+            self._cache_appended(out)
         else:
             self._advance_window(out)
         return SchedulerUpdate(sampled)
+
+    def _cache_appended(self, out: SchedulerOutput) -> None:
+        """With prefix caching, register the blocks that the tokens just appended completed, for a
+        step that :meth:`schedule_ahead` advanced before its tokens were known."""
+        kv = self.kv
+        if kv.enable_prefix_caching:
+            for item in out.scheduled:
+                if not item.request.is_finished:
+                    kv.cache_blocks(item.request)
 
     def _advance(self, out: SchedulerOutput) -> None:
         if out.num_steps > 1:
@@ -328,7 +341,7 @@ class Scheduler:
 
     def _advance_window(self, out: SchedulerOutput) -> None:
         """The advance of a multi-step window (``out.num_steps > 1``), once the window's tokens are
-        appended (or, scheduling ahead, before: prefix caching is off then): every request still
+        appended (or, scheduling ahead, before: its blocks are cached after the append): every request still
         running computed ``num_steps`` tokens (those that finished in the window were freed; nothing
         of theirs is kept)."""
         fair_share, kv, num_steps = self.fair_share, self.kv, out.num_steps

@@ -106,3 +106,31 @@ def test_min_tokens_ends_at_the_same_token_as_synchronous_steps(engines, workloa
     expected = _run(sync, prompts[:4], params)
     assert all(len(v[0][1]) <= 16 and v[0][2] == "stop" for v in expected.values())
     assert _run(ahead, prompts[:4], params) == expected
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("num_scheduler_steps", [1, 4])
+def test_prefix_caching_with_steps_launched_ahead(test_prompts, num_scheduler_steps):
+    """Prefix caching on (the default) and steps launched ahead: the outputs of the synchronous engine,
+    and the blocks completed by tokens that were still on the device when the next step was
+    scheduled are cached with their true contents: the same prompts extended by their outputs hit
+    the cache for every full block, and still give the synchronous engine's tokens."""
+    kwargs = dict(max_model_len=512, kv_cache_space=0.25, num_scheduler_steps=num_scheduler_steps)
+    sync, ahead = LLM(async_scheduling=False, **kwargs), LLM(async_scheduling=True, **kwargs)
+    assert ahead.llm_engine.config.cache.enable_prefix_caching  # the default
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 4
+    expected = _run(sync, test_prompts[:4], params)
+    before = ahead.llm_engine.num_steps_ahead
+    assert _run(ahead, test_prompts[:4], params) == expected
+    assert ahead.llm_engine.num_steps_ahead > before + 5
+    # The prompts followed by their generated text hit the cache as they do in the synchronous engine
+    # (every full block of prompt and output; with windows, a request's last window is freed uncached).
+    followups = [list(p) + list(expected[str(i)][0][1]) for i, p in enumerate(test_prompts[:4])]
+    again = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4
+    hits = []
+    for llm in (sync, ahead):
+        kv, before = llm.llm_engine.kv_cache_manager, llm.llm_engine.kv_cache_manager.prefix_cache_hits
+        hits.append((_run(llm, followups, again), kv.prefix_cache_hits - before))
+    assert hits[1] == hits[0]
+    block = ahead.llm_engine.kv_cache_manager.block_size
+    assert hits[1][1] >= sum((len(f) - 1) // block * block - block for f in followups)
