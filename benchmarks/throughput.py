@@ -69,6 +69,7 @@ def make_llm(args, num_scheduler_steps: int = 1) -> LLM:
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                kv_cache_space=args.kv_cache_space, enforce_eager=args.enforce_eager,
                async_scheduling=getattr(args, "async_scheduling", None),
+               enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
                quantization=getattr(args, "quantization", None),
                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
                num_scheduler_steps=num_scheduler_steps)
@@ -273,6 +274,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="prefix caching (on by default, as the engine)")
     parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1], metavar="N",
                         help="decode steps per host iteration (multi-step scheduling); several values run "
                              "one engine per value, in turn, on the same workload")

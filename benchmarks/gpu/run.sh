@@ -15,6 +15,7 @@
 #                    --num-scheduler-steps 8, twice (_r1, _r2: the run-to-run spread)
 #   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
+#   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
@@ -118,6 +119,13 @@ for step in "$@"; do
   w2-floor) for b in 1 16 64; do run_step w2-floor-$b 150 $TP --model $M05 --num-prompts $b --input-len 100 \
       --output-len 1024 --max-model-len 2048 --num-scheduler-steps 8 --output-json "$(name w2-floor-$b)"; done ;;
   w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;
+  prefix-cost)
+    for r in a b; do
+      run_step w1-nopc-$r 200 $TP $W1 --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
+      run_step w1-pc-$r 200 $TP $W1 --output-json "$(name w1-prefix-on "" _$r)"
+    done
+    run_step w2-nopc 200 $TP $W2 --no-enable-prefix-caching --output-json "$(name w2-prefix-off)"
+    run_step w2-pc 200 $TP $W2 --output-json "$(name w2-prefix-on)" ;;
   quantization)
     run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
       --output-json "$(name decode-quantized)"
