@@ -97,7 +97,7 @@ def new_schema_phase(engine, prompts, args, known: list[dict]) -> dict:
 
 def _params(args, schema: dict | None) -> SamplingParams:
     constraint = {"structured_outputs": {"json": schema}} if schema is not None else {}
-    return SamplingParams(temperature=0.8, seed=0, max_tokens=args.output_len, ignore_eos=True, **constraint)
+    return SamplingParams(temperature=0.8, max_tokens=args.output_len, ignore_eos=True, **constraint)  # the engine seeds
 
 
 def main() -> None:

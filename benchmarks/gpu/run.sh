@@ -143,7 +143,7 @@ for step in "$@"; do
   serving) step_serving ;;
   structured-output)
     $PY -m pip install -q --no-index --no-deps --target /tmp/site-engine .gpuserve/whl-engine/*.whl
-    PYTHONPATH=/tmp/site-engine${PYTHONPATH:+:$PYTHONPATH} run_step structured-output 300 \
+    PYTHONPATH=/tmp/site-engine${PYTHONPATH:+:$PYTHONPATH} run_step structured-output 200 \
       $PY benchmarks/structured_output.py --model $M05 --load-format dummy --dtype bfloat16 --num-prompts 256 \
       --min-input 100 --max-input 1024 --output-len 1024 --max-model-len 2048 --output-json "$(name structured-output)" ;;
   tenants) OUT=$OUT BUDGET=${BUDGET:-560} PY=$PY RESULT="tenant-shares_${GPU}_${DATE}.json" bash benchmarks/gpu/tenants.sh ;;
