@@ -41,7 +41,8 @@ export TESSERA_LOGGING_LEVEL=${TESSERA_LOGGING_LEVEL:-WARNING}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/../.."
 DATE=$(date -u +%F)
-COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .gpucache/COMMIT 2>/dev/null || echo unknown)
+# .gpucache/COMMIT first: a copy of the tree on the host may carry a git repository of its own
+COMMIT=$(cat .gpucache/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')
 GPU=${GPU:-cpu}
