@@ -63,7 +63,7 @@ def make_workload(args, vocab_size: int) -> tuple[list[list[int]], list[int]]:
 OCCUPANCY_EVERY = 8  # steps between KV-slot occupancy samples once every prompt is admitted
 
 
-def make_llm(args, num_scheduler_steps: int = 1) -> LLM:
+def make_llm(args, num_scheduler_steps: int | None = None) -> LLM:
     """The engine under test, built from the command line (shared by the measured and the profiled run)."""
     return LLM(model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -90,7 +90,7 @@ def warm_up(llm, prompts, count: int = 16) -> None:
                  sampling_params=SamplingParams(max_tokens=2 + 3 * steps if steps > 1 else 2, ignore_eos=True))
 
 
-def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
+def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) -> dict:
     """Drive the engine step by step: throughput, per-request TTFT/TPOT, and KV slot occupancy.
 
     With ``--repeat R`` the same engine then runs the workload R - 1 more times; their throughputs go
@@ -110,7 +110,9 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int = 1) -> dict:
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
-                   "num_scheduler_steps": num_scheduler_steps, "output_kind": kind.name.lower(),
+                   "num_scheduler_steps": num_scheduler_steps or "auto",
+                   "window_steps": {str(k): v for k, v in sorted(engine.window_steps.items())},
+                   "decode_step_ms": 1e3 * (engine.decode_step_seconds or 0), "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
                    "hf_config": engine.config.hf_config, "hf_model_dir": engine.config.model_dir,
@@ -276,9 +278,9 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="prefix caching (on by default, as the engine)")
-    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1], metavar="N",
-                        help="decode steps per host iteration (multi-step scheduling); several values run "
-                             "one engine per value, in turn, on the same workload")
+    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[None], metavar="N",
+                        help="decode steps per host iteration (multi-step scheduling; default: the engine "
+                             "sizes windows itself); several values run one engine per value, in turn")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="awq | gptq | fp8 (dummy weights: random packed)")
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")

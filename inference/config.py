@@ -81,6 +81,9 @@ class SchedulerConfig:
         num_scheduler_steps: decode steps run back to back on the device per scheduling of a
             decode-only batch (vLLM's former ``--num-scheduler-steps``; 1: one step per schedule).
             See :mod:`inference.sched.decode_windows` for when a batch falls back to one step.
+        adaptive_windows: ``num_scheduler_steps`` is an upper bound: the engine sizes each window
+            so that it lasts about :data:`~inference.sched.decode_windows.WINDOW_TARGET_S` at the
+            measured decode-step time (:func:`~inference.sched.decode_windows.adaptive_window`).
     """
 
     max_num_seqs: int = 256
@@ -91,6 +94,7 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     async_scheduling: bool = False
     num_scheduler_steps: int = 1
+    adaptive_windows: bool = False
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,11 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--async-scheduling": ("async_scheduling", {"action": argparse.BooleanOptionalAction, "default": None,
                                                 "help": "Schedule decode step N+1 while step N runs (default: on "
                                                         "a GPU with one rank)."}),
-    "--num-scheduler-steps": ("num_scheduler_steps", {"type": int, "default": 1,
+    "--num-scheduler-steps": ("num_scheduler_steps", {"type": int, "default": None,
                                                       "help": "Decode steps run on the device per host iteration "
-                                                              "of a decode-only batch (multi-step scheduling)."}),
+                                                              "of a decode-only batch (multi-step scheduling; "
+                                                              "default: the engine sizes windows of up to 8 "
+                                                              "steps from the measured step time on a GPU)."}),
 }
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
 

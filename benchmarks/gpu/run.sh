@@ -11,8 +11,9 @@
 #                    W4A16, fused layers and the Triton-backend engine against transformers (pytest)
 #   w1               W1: Qwen2.5-7B shape, bf16, 256 prompts x 1024 in / 512 out (throughput.py)
 #   w1-fp8           W1 with --quantization fp8
-#   w2               W2: Qwen2.5-0.5B shape, nano-vllm's workload (256 x U[100, 1024] in and out),
-#                    --num-scheduler-steps 8, twice (_r1, _r2: the run-to-run spread)
+#   w2               W2: Qwen2.5-0.5B shape, nano-vllm's workload (256 x U[100, 1024] in and out), at default
+#                    flags (engine-sized decode windows), twice (_r1, _r2: the run-to-run spread), then with
+#                    --num-scheduler-steps 8 (fixed windows)
 #   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
@@ -51,8 +52,7 @@ M7=.gpucache/qwen2.5-7b
 TP="$PY benchmarks/throughput.py --load-format dummy --dtype bfloat16 --peer none"
 W1="--model $M7 --workload peer-w1 --num-prompts 256 --input-len 1024 --output-len 512 --max-model-len 2048
     --max-num-batched-tokens 16384"
-W2="--model $M05 --workload peer-w2 --num-prompts 256 --max-model-len 2048 --max-num-batched-tokens 16384
-    --num-scheduler-steps 8"
+W2="--model $M05 --workload peer-w2 --num-prompts 256 --max-model-len 2048 --max-num-batched-tokens 16384"
 W3="--model $M7 --num-prompts 50 --input-len 1000 --output-len 2000 --max-model-len 3072 --max-num-seqs 64"
 
 for m in $M05 $M7; do
@@ -116,7 +116,8 @@ for step in "$@"; do
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
   w1) run_step w1 200 $TP $W1 --output-json "$(name w1)" ;;
   w1-fp8) run_step w1-fp8 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8)" ;;
-  w2) for r in 1 2; do run_step w2-r$r 200 $TP $W2 --output-json "$(name w2 "" _r$r)"; done ;;
+  w2) for r in 1 2; do run_step w2-r$r 200 $TP $W2 --output-json "$(name w2 "" _r$r)"; done
+    run_step w2-steps8 200 $TP $W2 --num-scheduler-steps 8 --output-json "$(name w2-steps8)" ;;
   w2-floor) for b in 1 16 64; do run_step w2-floor-$b 150 $TP --model $M05 --num-prompts $b --input-len 100 \
       --output-len 1024 --max-model-len 2048 --num-scheduler-steps 8 --output-json "$(name w2-floor-$b)"; done ;;
   w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;

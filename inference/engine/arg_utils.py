@@ -11,7 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
-from ..sched.decode_windows import MAX_SCHEDULER_STEPS
+from ..sched.decode_windows import AUTO_MAX_WINDOW, MAX_SCHEDULER_STEPS
+
+# Devices where the engine sizes decode windows itself by default: on the CPU a decode step is
+# already longer than a window may last (decode_windows.WINDOW_TARGET_S), so windows would be 1.
+AUTO_WINDOW_DEVICES = ("cuda",)
 from ..sched.policy import POLICIES
 from ..sched.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
@@ -60,7 +64,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     served_model_name: str | None = None
     async_scheduling: bool | None = None
-    num_scheduler_steps: int = 1
+    num_scheduler_steps: int | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -128,10 +132,10 @@ class EngineArgs:
             logger.warning("swap_space=%s GiB is unused: preemption_mode is %r (pass preemption_mode='swap', "
                            "--preemption-mode swap, to swap preempted requests out)", self.swap_space,
                            self.preemption_mode)
-        if not 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS:
+        if self.num_scheduler_steps is not None and not 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS:
             raise InvalidRequestError(f"num_scheduler_steps must be between 1 and {MAX_SCHEDULER_STEPS}, got "
                                       f"{self.num_scheduler_steps}.", param="num_scheduler_steps")
-        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+        if (self.num_scheduler_steps or 1) > 1 and self.tensor_parallel_size > 1:
             raise InvalidRequestError("num_scheduler_steps > 1 needs tensor_parallel_size=1 (the other ranks "
                                       "run one step per plan).", param="num_scheduler_steps")
         if self.load_format not in ("auto", "dummy"):
@@ -192,8 +196,17 @@ class EngineArgs:
                                       scheduling_policy=self.scheduling_policy,
                                       preemption_mode=self.preemption_mode,
                                       async_scheduling=self._async_scheduling(device),
-                                      num_scheduler_steps=self.num_scheduler_steps),
+                                      **self._decode_windows(device)),
         )
+
+    def _decode_windows(self, device: str) -> dict:
+        """``num_scheduler_steps`` and ``adaptive_windows`` of the scheduler: the user's fixed windows,
+        or (None) windows the engine sizes by the measured step time, up to
+        :data:`~inference.sched.decode_windows.AUTO_MAX_WINDOW` steps, on a GPU with one rank."""
+        if self.num_scheduler_steps is not None:
+            return dict(num_scheduler_steps=self.num_scheduler_steps, adaptive_windows=False)
+        auto = device.startswith(AUTO_WINDOW_DEVICES) and self.tensor_parallel_size == 1
+        return dict(num_scheduler_steps=AUTO_MAX_WINDOW if auto else 1, adaptive_windows=auto)
 
     def _async_scheduling(self, device: str) -> bool:
         supported = self.tensor_parallel_size == 1

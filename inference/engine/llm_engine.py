@@ -5,6 +5,7 @@ does no I/O, so it can be driven by the offline ``LLM`` or by a serving worker's
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -14,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..config import EngineConfig
+from ..sched.decode_windows import STEP_TIME_SMOOTHING, adaptive_window
 from ..sched.fair_share import FairShare
 from ..sched.scheduler import Scheduler
-from ..sched.scheduler_output import SchedulerUpdate
+from ..sched.scheduler_output import SchedulerOutput, SchedulerUpdate
 from ..errors import InvalidRequestError
 from ..kv_cache import KVCacheManager
 from ..model_loader import load_tokenizer
@@ -108,6 +110,9 @@ class LLMEngine:
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
         self.num_steps_ahead = 0  # steps launched before the previous step's tokens were back
         self.num_multi_step_windows = 0  # steps that ran several decode steps (num_scheduler_steps > 1)
+        self.window_steps = collections.Counter()  # decode-only launches by their number of steps
+        self.decode_step_seconds: float | None = None  # moving average of one decode step's time
+        self._last_decode_finish: float | None = None  # when the last decode-only step's tokens came back
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -328,7 +333,9 @@ class LLMEngine:
         self._inflight = None
         waited = time.perf_counter()
         runner_out = handle.result()
-        self.device_wait_seconds += time.perf_counter() - waited
+        finished = time.perf_counter()
+        self.device_wait_seconds += finished - waited
+        self._measure_decode_step(sched_out, finished)
         update = self.scheduler.update_from_output(sched_out, runner_out)
         if sched_out.num_steps > 1:
             kept = [len(record.token_ids) for record in update.sampled]  # tokens appended per request
@@ -342,6 +349,24 @@ class LLMEngine:
             self.prompt_tokens_computed_total += update.num_prompt_tokens_computed
             self.iteration_tokens.observe(update.num_prompt_tokens + generated)
         return update
+
+    def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float) -> None:
+        """Time decode-only steps (seconds per step, between the returns of consecutive decode-only
+        launches) and, with adaptive windows, size the next windows from it."""
+        if not sched_out.is_decode_only:
+            self._last_decode_finish = None
+            return
+        self.window_steps[sched_out.num_steps] += 1
+        last, self._last_decode_finish = self._last_decode_finish, finished
+        if last is None:
+            return
+        seconds = (finished - last) / sched_out.num_steps
+        average = self.decode_step_seconds
+        self.decode_step_seconds = seconds if average is None else (
+            average + STEP_TIME_SMOOTHING * (seconds - average))
+        if self.config.scheduler.adaptive_windows:
+            self.scheduler.window_limit = adaptive_window(self.decode_step_seconds,
+                                                          self.config.scheduler.num_scheduler_steps)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager

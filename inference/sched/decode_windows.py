@@ -30,13 +30,24 @@ from ..request import Request
 from .scheduler_output import SchedulerOutput
 
 MAX_SCHEDULER_STEPS = 64  # longest window (tokens of KV reserved ahead per request)
+AUTO_MAX_WINDOW = 8  # longest window the engine chooses itself (no --num-scheduler-steps)
+WINDOW_TARGET_S = 0.025  # seconds an engine-sized window lasts at most: what a new request may wait
+STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving average
 
 
-def _decode_only(out: SchedulerOutput) -> bool:
-    for item in out.scheduled:
-        if item.num_scheduled_tokens != 1 or not item.samples or item.forks:
-            return False
-    return True
+def adaptive_window(step_seconds: float | None, max_window: int, target_s: float | None = None) -> int:
+    """Decode steps per window that the engine chooses: as many as fit in ``target_s`` at
+    ``step_seconds`` a step (the moving average of decode steps measured so far), between 1 and
+    ``max_window``, rounded down to a power of two below ``max_window``; 1 until a step was measured. ``target_s`` defaults to :data:`WINDOW_TARGET_S`. A request that arrives while a window runs is
+    admitted at the next step boundary after it, so it waits at most about ``target_s`` (twice,
+    when the next window was launched ahead); a request that reaches EOS or a stop string computes
+    at most the rest of the window in tokens that are dropped."""
+    if not step_seconds or step_seconds <= 0:
+        return 1
+    fits = min(max_window, int((WINDOW_TARGET_S if target_s is None else target_s) / step_seconds))
+    if fits >= max_window:
+        return max_window  # the length the window graphs are captured for
+    return 1 << (fits.bit_length() - 1) if fits > 1 else 1  # a power of two: few distinct window lengths
 
 
 def _sampling_is_step_invariant(request: Request, num_pending: int) -> bool:
@@ -59,7 +70,7 @@ def window_size(out: SchedulerOutput, num_scheduler_steps: int, max_model_len: i
     """
     if num_scheduler_steps <= 1 or out.is_empty or out.preempted_ids or admission_possible:
         return 1
-    if not _decode_only(out):
+    if not out.is_decode_only:
         return 1
     steps = num_scheduler_steps
     for item in out.scheduled:

@@ -50,6 +50,9 @@ class Scheduler:
         self._observed_running = 0  # running requests when the fair share last saw them
         self._rows_ahead: list[int] | None = None  # multi-step: the batch can_schedule_ahead found for schedule_ahead
         self._advanced_ahead: SchedulerOutput | None = None  # the step schedule_ahead advanced before its tokens
+        # the longest window a decode-only batch may run now: num_scheduler_steps, or what the engine
+        # sets from the measured step time with adaptive windows (decode_windows.adaptive_window)
+        self.window_limit = 1 if config.adaptive_windows else config.num_scheduler_steps
 
     # ---- admission and removal -------------------------------------------------------
     def add_request(self, request: Request, followers: list[Request] | None = None) -> None:
@@ -116,8 +119,7 @@ class Scheduler:
         """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
         when :func:`.decode_windows.window_size` allows and the KV pool holds the window."""
         admission_possible = bool(self.num_waiting) and len(self.running) < self.config.max_num_seqs
-        num_steps = window_size(out, self.config.num_scheduler_steps, self.config.max_model_len,
-                                admission_possible, num_pending)
+        num_steps = window_size(out, self.window_limit, self.config.max_model_len, admission_possible, num_pending)
         if num_steps > 1 and reserve_window(out, self.kv, num_steps):
             out.num_steps = num_steps
 

@@ -68,6 +68,13 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def is_decode_only(self) -> bool:
+        """Every request computes one token and samples it (no prefill chunk, no forking parallel
+        samples); False when nothing is scheduled."""
+        return bool(self.scheduled) and all(item.num_scheduled_tokens == 1 and item.samples and not item.forks
+                                            for item in self.scheduled)
+
 
 @dataclass
 class ModelRunnerOutput:

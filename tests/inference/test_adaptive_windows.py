@@ -1,0 +1,55 @@
+"""Decode windows sized by the engine (``num_scheduler_steps`` not given): as many decode steps per
+window as fit in a target time at the measured step time, up to ``AUTO_MAX_WINDOW``; the outputs
+are those of single steps."""
+from __future__ import annotations
+
+import pytest
+
+from inference import LLM, SamplingParams
+from inference.engine import arg_utils
+from inference.sched import decode_windows
+from inference.sched.decode_windows import AUTO_MAX_WINDOW, adaptive_window
+
+
+def test_the_window_fits_the_target_time_at_the_measured_step_time():
+    assert adaptive_window(None, 8) == 1  # nothing measured yet
+    assert adaptive_window(0.002, 8, target_s=0.015) == 4  # 7 fit: a power of two below the bound
+    assert adaptive_window(0.0018, 8, target_s=0.015) == 8  # 8 fit: the bound (its window graphs)
+    assert adaptive_window(0.006, 8, target_s=0.015) == 2
+    assert adaptive_window(0.030, 8, target_s=0.015) == 1  # a step longer than the target
+    assert adaptive_window(0.0001, 8, target_s=0.015) == 8  # never past the upper bound
+
+
+def test_defaults_size_windows_on_a_gpu_only():
+    assert arg_utils.EngineArgs()._decode_windows("cuda:0") == dict(num_scheduler_steps=AUTO_MAX_WINDOW,
+                                                                    adaptive_windows=True)
+    assert arg_utils.EngineArgs()._decode_windows("cpu") == dict(num_scheduler_steps=1, adaptive_windows=False)
+    assert arg_utils.EngineArgs(num_scheduler_steps=4)._decode_windows("cuda:0") == dict(
+        num_scheduler_steps=4, adaptive_windows=False)  # the user's windows: fixed
+    assert arg_utils.EngineArgs(tensor_parallel_size=2)._decode_windows("cuda:0")["num_scheduler_steps"] == 1
+
+
+def _generate(llm: LLM, prompts, params):
+    return [[o.token_ids for o in r.outputs] for r in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("target_s, windows", [(10.0, "long"), (1e-6, "single")])
+def test_engine_sized_windows_give_the_tokens_of_single_steps(monkeypatch, test_prompts, target_s, windows):
+    """A long target lets the engine run windows of AUTO_MAX_WINDOW steps; a target shorter than any
+    step keeps it at single steps. Greedy tokens, EOS and max_tokens ends are those of single steps."""
+    monkeypatch.setattr(arg_utils, "AUTO_WINDOW_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", target_s)
+    params = [SamplingParams(temperature=0, max_tokens=12 + 3 * i, ignore_eos=i % 2 == 0) for i in range(4)]
+    with LLM(max_model_len=256, kv_cache_space=0.1, num_scheduler_steps=1) as single:
+        expected = _generate(single, test_prompts[:4], params)
+    with LLM(max_model_len=256, kv_cache_space=0.1) as auto:
+        engine = auto.llm_engine
+        assert engine.config.scheduler.adaptive_windows
+        assert _generate(auto, test_prompts[:4], params) == expected
+        assert engine.decode_step_seconds is not None  # measured
+        chosen = {steps for steps, count in engine.window_steps.items() if count}
+        if windows == "long":
+            assert max(chosen) == AUTO_MAX_WINDOW, engine.window_steps
+        else:
+            assert chosen == {1}, engine.window_steps
