@@ -80,14 +80,18 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(stack, path,
 
 
 def test_usage_always_reports_cached_prompt_tokens(stack):
-    """``prompt_tokens_details.cached_tokens`` is there without a prefix-cache hit too (0; the test
-    worker runs without prefix caching), in streamed final usage as well, as OpenAI sends it."""
+    """``prompt_tokens_details.cached_tokens`` is there without a prefix-cache hit too (0 for a prompt
+    shorter than a KV block), in streamed final usage as well, as OpenAI sends it; with a hit (the chat
+    template's system prompt, sent before) it counts the hit's tokens, whole blocks of the prompt."""
     client = stack.openai()
     for reply in (client.completions.create(model=MODEL, prompt="Hi", max_tokens=1),
-                  client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1),
                   list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, stream=True,
                                                  stream_options={"include_usage": True}))[-1]):
         assert reply.usage.prompt_tokens_details.cached_tokens == 0, reply.usage
+    for _ in range(2):  # the second one hits the first one's blocks
+        reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1)
+    cached = reply.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < reply.usage.prompt_tokens and cached % 16 == 0, reply.usage
 
 
 def test_completions_max_tokens_defaults_to_16_and_null_fills_the_context(stack):
