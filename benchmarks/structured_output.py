@@ -3,18 +3,19 @@ requests unconstrained, the grammar compile times, and what a schema never seen 
 
 One engine, one run, three phases:
 
-1. unconstrained: ``--num-prompts`` random prompts (lengths U[``--min-input``, ``--max-input``]),
-   ``--output-len`` tokens each, all at once (nano-vllm's W2 shape at the defaults);
-2. constrained: the same prompts, each with one of ``--num-schemas`` distinct JSON schemas (their
-   grammars compiled in phase 2's first steps); output tokens per second against phase 1
-   (phases 1 and 2 alternate ``--rounds`` times);
+1. constrained: ``--num-prompts`` random prompts (lengths U[``--min-input``, ``--max-input``]),
+   each with one of ``--num-schemas`` distinct JSON schemas (their grammars compiled in the first
+   steps), at most ``--output-len`` tokens each, all at once (nano-vllm's W2 shape at the defaults);
+2. unconstrained: the same prompts and output lengths without schemas; output tokens per second
+   against phase 1 (phases 1 and 2 alternate ``--rounds`` times);
 3. new schema: while ``--num-prompts`` constrained requests run, one request with a schema the
    engine has not seen and one with a cached schema arrive at the same step; their TTFTs, and the
    running requests' TPOT before and after.
 
 Random weights (``--load-format dummy``) write random but grammatical JSON, so constrained
-requests end when their grammar completes or at ``--output-len``; the figure compared is output
-tokens per second.
+requests end when their grammar completes or at ``--output-len``; each unconstrained request then
+generates as many tokens as its constrained run did, and the figure compared is output tokens per
+second on the same work.
 
     python benchmarks/structured_output.py                            # CPU: SmolLM2, small
     python benchmarks/structured_output.py --model qwen2.5-0.5b --load-format dummy --dtype bfloat16 \
@@ -54,18 +55,20 @@ def schemas(count: int, salt: str = "") -> list[dict]:
     return out
 
 
-def run_batch(engine, prompts, params_of) -> tuple[float, int, dict]:
-    """All prompts at once; ``(seconds, output tokens, metrics by request)``."""
+def run_batch(engine, prompts, params_of) -> tuple[float, int, dict, list[int]]:
+    """All prompts at once; ``(seconds, output tokens, metrics by request, output tokens by prompt)``."""
     start, arrival = time.perf_counter(), time.monotonic()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}-{start}", prompt, params_of(i), arrival_time=arrival)
-    tokens, metrics = 0, {}
+    tokens, metrics, lengths = 0, {}, [0] * len(prompts)
     while engine.has_unfinished_requests():
         for out in engine.step():
-            tokens += sum(len(o.token_ids) for o in out.outputs)
+            new = sum(len(o.token_ids) for o in out.outputs)
+            tokens += new
+            lengths[int(out.request_id[1:].split("-")[0])] += new
             if out.finished:
                 metrics[out.request_id] = out.metrics
-    return time.perf_counter() - start, tokens, metrics
+    return time.perf_counter() - start, tokens, metrics, lengths
 
 
 def new_schema_phase(engine, prompts, args, known: list[dict]) -> dict:
@@ -95,9 +98,10 @@ def new_schema_phase(engine, prompts, args, known: list[dict]) -> dict:
             "median_step_ms_after": 1000 * statistics.median(after)}
 
 
-def _params(args, schema: dict | None) -> SamplingParams:
+def _params(args, schema: dict | None, max_tokens: int | None = None) -> SamplingParams:
     constraint = {"structured_outputs": {"json": schema}} if schema is not None else {}
-    return SamplingParams(temperature=0.8, max_tokens=args.output_len, ignore_eos=True, **constraint)  # the engine seeds
+    return SamplingParams(temperature=0.8, max_tokens=max_tokens or args.output_len, ignore_eos=True,
+                          **constraint)  # unseeded: the engine's seed makes the run repeatable
 
 
 def main() -> None:
@@ -128,10 +132,12 @@ def main() -> None:
     run_batch(engine, prompts[:2], lambda i: _params(args, None))  # warm-up
     free_s = free_tokens = constrained_s = constrained_tokens = 0
     for _ in range(args.rounds):  # alternating, so that a change of the machine's load hits both alike
-        seconds, tokens, _ = run_batch(engine, prompts, lambda i: _params(args, None))
-        free_s, free_tokens = free_s + seconds, free_tokens + tokens
-        seconds, tokens, _ = run_batch(engine, prompts, lambda i: _params(args, known[i % len(known)]))
+        seconds, tokens, _, lengths = run_batch(engine, prompts, lambda i: _params(args, known[i % len(known)]))
         constrained_s, constrained_tokens = constrained_s + seconds, constrained_tokens + tokens
+        # The same prompts unconstrained, each generating as many tokens as its constrained run did
+        # (a grammar ends a request when its JSON is complete): the same work, with and without masks.
+        seconds, tokens, _, _ = run_batch(engine, prompts, lambda i: _params(args, None, max(1, lengths[i])))
+        free_s, free_tokens = free_s + seconds, free_tokens + tokens
     compile_ms = [1000 * s for s in engine.grammar_compiler.compile_seconds]
     late = new_schema_phase(engine, prompts, args, known)
     result = {

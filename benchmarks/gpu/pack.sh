@@ -18,12 +18,13 @@ $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d /tmp/gpuserve-dl \
   $(awk '/^# Web application/ {on = 1; next} on && /^#/ {exit} on && NF' requirements.txt)
-# The grammar backend of structured output (the structured-output step); its other requirements
-# (torch, transformers, triton, pydantic, numpy) are in the GPU image.
+# The grammar backend of structured output (the structured-output step) with pydantic, which the GPU image
+# lacks; its other requirements (torch, transformers, triton, numpy) are in the image.
 mkdir -p .gpuserve/whl-engine
 $PY -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpuserve/whl-engine "$(grep '^xgrammar' requirements.txt)" apache-tvm-ffi
+  -d .gpuserve/whl-engine "$(grep '^xgrammar' requirements.txt)" apache-tvm-ffi pydantic pydantic-core \
+  annotated-types typing-inspection
 for whl in /tmp/gpuserve-dl/*.whl; do
   case $(basename "$whl" | cut -d- -f1 | tr _ - | tr A-Z a-z) in
     click|typing-extensions|python-dateutil|attrs|prometheus-client) cp "$whl" .gpuserve/whl-ifold/ ;;
