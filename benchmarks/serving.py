@@ -278,6 +278,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=64)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--random-token-range", type=int, nargs=2, default=(1000, 30000), metavar=("LOW", "HIGH"),
+                   help="Token ids of the random prompts are drawn from [LOW, HIGH) (a model with a small "
+                        "vocabulary needs HIGH at most its vocabulary size).")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="Requests/s (Poisson); inf: all at once.")
     p.add_argument("--max-concurrency", type=int, default=None)
@@ -299,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     prompts = random_prompts(args.num_prompts, args.random_input_len, args.random_range_ratio, args.seed,
-                             (1000, 30000))
+                             tuple(args.random_token_range))
     if args.paired_ttft:
         metrics = run_paired_ttft(args, prompts)
         print("{s:{c}^50}".format(s=" Paired TTFT overhead (max_tokens=1) ", c="="))

@@ -7,7 +7,7 @@
 # and serve.log; run.sh renames them by workload, device and date.
 #
 # Every value can be overridden from the environment (a CPU rehearsal does so): PY, MODEL, SERVED_NAME,
-# ENGINE_FLAGS, OFFLINE_FLAGS, IN_LEN, OUT_LEN, NUM_PROMPTS, CONCURRENCY, WHEELS (0: skip the install),
+# ENGINE_FLAGS, OFFLINE_FLAGS, CLIENT_FLAGS (more benchmarks/serving.py flags), IN_LEN, OUT_LEN, NUM_PROMPTS, CONCURRENCY, WHEELS (0: skip the install),
 # REDIS_BIN (a redis-server to use instead of the carried one), BUDGET (seconds for the whole script;
 # every stage's timeout is capped by what is left of it).
 set -u
@@ -29,7 +29,7 @@ if ! $PY manage.py serve --help | grep -q -- "--load-format" && [[ " $ENGINE_FLA
   log "SKIPPED serving: 'manage.py serve' has no --load-format flag (webapp/cli.py ENGINE_FLAGS lacks it)"
 else
   if start_serve "$MODEL" "$SERVED_NAME" $ENGINE_FLAGS; then
-    B="$PY benchmarks/serving.py --base-url http://127.0.0.1:$PORT --model $SERVED_NAME --dataset-name random"
+    B="$PY benchmarks/serving.py --base-url http://127.0.0.1:$PORT --model $SERVED_NAME --dataset-name random ${CLIENT_FLAGS:-}"
     # Warm-up (not measured): two full-length prompts, as throughput.py warms its engine with two.
     timeout "$(cap 90)" $B --random-input-len "$IN_LEN" --random-output-len 8 --num-prompts 2 --max-concurrency 2 \
       --ignore-eos --seed 1 --save-result --result-dir "$WORK" --result-filename warmup.json >"$WORK/warmup.txt" 2>&1
