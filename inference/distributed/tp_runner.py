@@ -53,7 +53,8 @@ class TensorParallelRunner(ModelRunner):
         logger.info("tensor parallel: %d ranks (rank processes %s), %d torch threads each",
                     world_size, self.ranks.pids, num_threads)
 
-    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> StepHandle:
+    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None,
+                      prev: StepHandle | None = None) -> StepHandle:
         if input_ids is not None:  # arg_utils refuses async scheduling with tensor parallelism
             raise ValueError("a step scheduled ahead cannot run on several ranks (its input ids are on rank 0)")
         plan = self.plan(sched_out)

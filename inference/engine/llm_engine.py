@@ -322,7 +322,7 @@ class LLMEngine:
         if ahead is None:
             return None
         self.num_steps_ahead += 1
-        return ahead, self.runner.execute_async(ahead, input_ids=handle.device_token_ids)
+        return ahead, self.runner.execute_async(ahead, input_ids=handle.device_token_ids, prev=handle)
 
     def _finish_inflight(self) -> SchedulerUpdate | None:
         """Step 1 of ``step()``: wait for the step in flight and let the scheduler update the

@@ -145,12 +145,16 @@ class ModelRunner:
         """Run one step and wait for its sampled tokens (``execute_async(...).result()``)."""
         return self.execute_async(sched_out).result()
 
-    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None) -> "StepHandle | MultiStepHandle":
+    def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None,
+                      prev: "StepHandle | None" = None) -> "StepHandle | MultiStepHandle":
         """Launch the forward pass and sampling of one step without waiting for the device.
 
         ``input_ids``: for a decode step scheduled ahead, the previous step's sampled tokens on the
         device (``StepHandle.device_token_ids``), one per request in batch order, or per row of the
-        previous batch when ``sched_out.input_rows`` picks some.
+        previous batch when ``sched_out.input_rows`` picks some. ``prev``: that previous step's
+        handle. When a request of the step follows a grammar, its bitmask needs ``prev``'s token:
+        the forward pass is launched first, then the host waits for ``prev``'s tokens, advances the
+        grammars past them and fills the bitmask while the device computes the logits.
 
         The sampled tokens (and logprobs) are copied to host memory behind the step on the current
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
@@ -158,7 +162,7 @@ class ModelRunner:
         """
         if input_ids is not None and sched_out.input_rows is not None:  # requests left since the last step
             input_ids = input_ids[tensor_to_device(torch.tensor(sched_out.input_rows), input_ids.device)]
-        return self.run(self.plan(sched_out, ahead=input_ids is not None), sched_out, input_ids)
+        return self.run(self.plan(sched_out, ahead=input_ids is not None), sched_out, input_ids, prev)
 
     def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
         """Apply the block copies and swaps of a step in which no request runs."""
@@ -171,12 +175,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, sched_out: SchedulerOutput | None = None,
-            input_ids: torch.Tensor | None = None) -> "StepHandle | MultiStepHandle | None":
+            input_ids: torch.Tensor | None = None, prev: "StepHandle | None" = None
+            ) -> "StepHandle | MultiStepHandle | None":
         """Run a planned step on this rank.
 
         Args:
             sched_out: the scheduler's output, on rank 0 only (it samples); the other ranks compute
                 the same logits rows for the gather and return a handle without tokens.
+            input_ids, prev: a step scheduled ahead, see :meth:`execute_async`.
         Returns:
             The launched step (a window of ``sched_out.num_steps`` decode steps when that is more
             than 1, see :mod:`.multi_step`), or None for a plan without inputs.
@@ -208,7 +214,7 @@ class ModelRunner:
         if plan.batch.logits_rows.size:  # on every rank: the ranks gather the logits together
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             if sampling:
-                self._apply_grammars(logits, sampling)
+                self._apply_grammars(logits, sampling, prev)
                 sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
         return StepHandle(sampling, sampled, prompt_logprobs)
@@ -225,14 +231,26 @@ class ModelRunner:
         return self.sampler(self.model.compute_logits(hidden[inputs.logits_indices]), sampling_meta).token_ids
 
     @staticmethod
-    def _apply_grammars(logits: torch.Tensor, sampling: list) -> None:
+    def _apply_grammars(logits: torch.Tensor, sampling: list, prev: "StepHandle | None" = None) -> None:
         """Structured output: ``-inf`` on the logits ``[N, V]`` of every token a row's grammar does
-        not allow next. The bitmask is filled on the host from each grammar's state (which has
-        every token sampled so far: such requests never run ahead of their tokens) and applied on
-        the device."""
+        not allow next. The bitmask is filled on the host from each grammar's state and applied on
+        the device. In a step scheduled ahead (``prev`` given) the grammars are first advanced past
+        ``prev``'s tokens, which the host waits for here: the device meanwhile runs this step's
+        forward pass, launched before.
+
+        Raises:
+            RuntimeError: a constrained request of a step scheduled ahead did not sample in ``prev``.
+        """
         rows = [i for i, request in enumerate(sampling) if request.grammar is not None]
         if not rows:
             return
+        if prev is not None:
+            prev_tokens = {id(request): token for request, token in zip(prev.requests, prev.result().sampled_token_ids)}
+            for i in rows:
+                token = prev_tokens.get(id(sampling[i]))
+                if token is None:
+                    raise RuntimeError(f"request {sampling[i].request_id} was scheduled ahead of a step it did not sample in")
+                sampling[i].grammar.accept_ahead(token)
         host = torch.empty((len(rows), bitmask_width(logits.shape[1])), dtype=torch.int32, pin_memory=logits.is_cuda)
         for j, i in enumerate(rows):
             sampling[i].grammar.fill_bitmask(host, j)
@@ -299,6 +317,7 @@ class StepHandle:
         self._requests = requests
         self._sampled = sampled
         self._prompt_logprobs = prompt_logprobs
+        self._result: ModelRunnerOutput | None = None
         self._host_tokens = None
         self._event = None
         if sampled is not None and sampled.token_ids.is_cuda:
@@ -312,7 +331,18 @@ class StepHandle:
         """The sampled tokens ``[N]`` int64 where they were computed (no wait)."""
         return None if self._sampled is None else self._sampled.token_ids
 
+    @property
+    def requests(self) -> list:
+        """The requests that sample in this step, in the order of ``result().token_ids``."""
+        return self._requests
+
     def result(self) -> ModelRunnerOutput:
+        """The step's tokens on the host (waits for the device the first time; the same object after)."""
+        if self._result is None:
+            self._result = self._fetch()
+        return self._result
+
+    def _fetch(self) -> ModelRunnerOutput:
         if self._sampled is None:
             token_ids: list[int] = []
             logprobs: list = []

@@ -106,8 +106,9 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
     EOS or a stop string within ``prev`` is decoded once more and those tokens are thrown away;
     without that, with requests of many lengths nearly every window would end one and no window
     would run ahead. None when a running request did not decode in ``prev`` (one sampled token,
-    no forks), could reach ``max_model_len`` within ``prev``, or is short of ``min_tokens`` (the
-    sampling metadata's ban would not count ``prev``'s tokens).
+    no forks), could reach ``max_model_len`` within ``prev``, is short of ``min_tokens`` (the
+    sampling metadata's ban would not count ``prev``'s tokens), or follows a grammar and ``prev``
+    was a window (a constrained request runs ahead only after a single step).
     """
     scheduled, num_steps, rows, row = prev.scheduled, prev.num_steps, [], 0
     for request in running:
@@ -116,7 +117,8 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
         if row == len(scheduled):
             return None
         item = scheduled[row]
-        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks or request.grammar is not None
+        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
+                or (request.grammar is not None and num_steps > 1)  # its masks need every token of prev
                 or len(request.all_token_ids) + num_steps >= max_model_len
                 or len(request.output_token_ids) < request.sampling_params.min_tokens):
             return None

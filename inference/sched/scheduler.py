@@ -209,8 +209,9 @@ class Scheduler:
         requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
         a stop string computes one token that is thrown away). With multi-step scheduling the rule
         is :func:`.decode_windows.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
-        stop tokens is built from the tokens appended so far, which would not count ``prev``'s. Nor
-        while a request's output follows a grammar: its next bitmask needs ``prev``'s token."""
+        stop tokens is built from the tokens appended so far, which would not count ``prev``'s. A request
+        whose output follows a grammar may run ahead: the runner fills its bitmask once ``prev``'s
+        token is on the host, while the device runs the forward pass (``ModelRunner.execute_async``)."""
         if self.num_waiting or prev.preempted_ids:
             return False
         if self.config.num_scheduler_steps > 1:
@@ -220,7 +221,6 @@ class Scheduler:
             return False
         for item, request in zip(prev.scheduled, self.running):  # properties inlined: the hot path
             if (item.request is not request or item.num_scheduled_tokens != 1 or not item.samples or item.forks
-                    or request.grammar is not None  # its next mask needs prev's token
                     or len(request.output_token_ids) + 1 >= request.max_tokens
                     or len(request.all_token_ids) + 1 >= max_model_len
                     or len(request.output_token_ids) < request.sampling_params.min_tokens):

@@ -104,15 +104,21 @@ class GrammarState:
     """One sequence's place in its grammar: an ``xgrammar.GrammarMatcher`` over the compiled
     grammar, made once the compilation is done. Each sample of an ``n > 1`` request has its own.
 
+    A step scheduled ahead (async scheduling) fills its bitmask before the scheduler has appended
+    the previous step's token: the runner advances the matcher past that token early
+    (:meth:`accept_ahead`), and the scheduler's :meth:`accept` of the same token then only returns
+    the answer already known.
+
     Args:
         compiled: the future from :meth:`GrammarCompiler.compile`.
     """
 
-    __slots__ = ("compiled", "_matcher")
+    __slots__ = ("compiled", "_matcher", "_ahead")
 
     def __init__(self, compiled: Future) -> None:
         self.compiled = compiled
         self._matcher = None
+        self._ahead: tuple[int, bool] | None = None  # (token, accepted) advanced past before accept()
 
     @property
     def ready(self) -> bool:
@@ -132,8 +138,29 @@ class GrammarState:
         return self._matcher
 
     def accept(self, token_id: int) -> bool:
-        """Advance past ``token_id``; False when the grammar does not allow it (nothing changes)."""
+        """Advance past ``token_id``; False when the grammar does not allow it (nothing changes).
+
+        Raises:
+            RuntimeError: a token was accepted ahead and ``token_id`` is another one.
+        """
+        if self._ahead is not None:
+            token, accepted = self._ahead
+            self._ahead = None
+            if token != token_id:
+                raise RuntimeError(f"grammar advanced ahead past token {token}, then asked to accept {token_id}")
+            return accepted
         return self.matcher.accept_token(token_id)
+
+    def accept_ahead(self, token_id: int) -> None:
+        """Advance past ``token_id``, sampled by a step whose tokens the scheduler has not appended
+        yet, so that the next step's bitmask can be filled; the next :meth:`accept` takes it.
+
+        Raises:
+            RuntimeError: a token accepted ahead was not taken by :meth:`accept` yet.
+        """
+        if self._ahead is not None:
+            raise RuntimeError("a grammar can run only one token ahead of its request")
+        self._ahead = (token_id, self.matcher.accept_token(token_id))
 
     @property
     def is_terminated(self) -> bool:
@@ -142,7 +169,14 @@ class GrammarState:
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the tokens allowed next into row ``row`` of ``bitmask`` (``[R, ceil(V / 32)]``
-        int32 on the CPU; bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed)."""
+        int32 on the CPU; bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed).
+
+        After a token accepted ahead that ends the request (refused, or completing the grammar),
+        the row's token is thrown away: every token is allowed.
+        """
+        if self._ahead is not None and (not self._ahead[1] or self.matcher.is_terminated()):
+            bitmask[row].fill_(-1)
+            return
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:

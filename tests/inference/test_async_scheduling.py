@@ -134,3 +134,32 @@ def test_prefix_caching_with_steps_launched_ahead(test_prompts, num_scheduler_st
     assert hits[1] == hits[0]
     block = ahead.llm_engine.kv_cache_manager.block_size
     assert hits[1][1] >= sum((len(f) - 1) // block * block - block for f in followups)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("num_scheduler_steps", [1, 4])
+def test_constrained_requests_run_ahead_with_the_synchronous_outputs(engines, test_prompts, num_scheduler_steps):
+    """Requests with a JSON schema or a regex beside unconstrained ones: their decode steps are launched
+    ahead (the bitmask filled once the previous token is on the host), and every request gives the
+    synchronous engine's tokens; the constrained outputs validate."""
+    import json
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "age"], "additionalProperties": False}
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs={"json": schema}),
+              SamplingParams(temperature=0, max_tokens=30, structured_outputs={"regex": r"[a-z]+( [a-z]+){3,}\."}),
+              SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),  # ends before the others
+              SamplingParams(temperature=0.8, seed=3, max_tokens=40, structured_outputs={"json": schema})]
+    kwargs = dict(max_model_len=512, kv_cache_space=0.25, num_scheduler_steps=num_scheduler_steps)
+    sync = engines[0] if num_scheduler_steps == 1 else LLM(async_scheduling=False, **kwargs)
+    ahead = engines[1] if num_scheduler_steps == 1 else LLM(async_scheduling=True, **kwargs)
+    expected = _run(sync, test_prompts[:4], params)
+    before = ahead.llm_engine.num_steps_ahead
+    got = _run(ahead, test_prompts[:4], params)
+    assert got == expected
+    assert ahead.llm_engine.num_steps_ahead > before + 10  # steps with only constrained requests ran ahead
+    for key in ("0", "3"):
+        text, _, reason = got[key][0]
+        assert reason == "stop", got[key]
+        json.loads(text)
