@@ -83,10 +83,12 @@ def warm_up(llm, prompts, count: int = 16) -> None:
     windows of ``num_scheduler_steps`` decodes. With one full chunk and 2 tokens, W1 with FP8 run first in a
     device call had a median TTFT of 3.2-3.4 s against 2.2 s once another run had filled Triton's cache
     (2.21 s with this warm-up). The multi-step windows keep Triton builds out of multi-step runs too;
-    ``triton_builds_in_timed_run`` in the result reports any build left.
+    ``triton_builds_in_timed_run`` in the result reports any build left. The warm-up's prompts are
+    cached under their own ``cache_salt``: the timed run, which reuses them, finds none of their blocks
+    (prefix caching is on by default), so its hit rate is its own.
     """
     steps = llm.llm_engine.config.scheduler.num_scheduler_steps
-    llm.generate(prompt_token_ids=prompts[:2 * count + 1], use_tqdm=False,
+    llm.generate(prompt_token_ids=prompts[:2 * count + 1], use_tqdm=False, cache_salt="warm-up",
                  sampling_params=SamplingParams(max_tokens=2 + 3 * steps if steps > 1 else 2, ignore_eos=True))
 
 
@@ -128,6 +130,8 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
     produced, steps, occupancy, metrics, trace = 0, 0, [], {}, []
     engine.device_wait_seconds = 0.0
     windows_before, ahead_before = engine.num_multi_step_windows, engine.num_steps_ahead
+    kv = engine.kv_cache_manager
+    hits_before, queries_before = kv.prefix_cache_hits, kv.prefix_cache_queries
     timers = PhaseTimers(engine) if phase_timers else None
     with TritonCompileWatch() as builds:
         start = time.perf_counter()
@@ -165,6 +169,8 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
             "device_wait_s": engine.device_wait_seconds,
             "median_step_ms_all_admitted": 1000 * sorted(decode_steps)[len(decode_steps) // 2] if decode_steps else None,
             "steps_launched_ahead": engine.num_steps_ahead - ahead_before,
+            "prefix_cache_hit_tokens": kv.prefix_cache_hits - hits_before,
+            "prefix_cache_query_tokens": kv.prefix_cache_queries - queries_before,
             "multi_step_windows": engine.num_multi_step_windows - windows_before,
             "triton_builds_in_timed_run": builds.report(),
             "phase_seconds": timers.report() if timers else None,
