@@ -19,6 +19,9 @@
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
 #                    caching off and on (prefix_caching.py --workloads batch)
+#   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
+#                    then into the idle engine: their TTFT, the decode windows, the wait for the step boundary
+#                    (late_requests.py)
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
@@ -133,6 +136,8 @@ for step in "$@"; do
   prefix-ttft) run_step prefix-ttft 360 $PY benchmarks/prefix_caching.py --model $M7 --load-format dummy \
       --dtype bfloat16 --workloads batch --num-prompts 256 --system-len 1024 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;
+  late-requests) run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+      --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
   quantization)
     run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
       --output-json "$(name decode-quantized)"
