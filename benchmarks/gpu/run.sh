@@ -17,6 +17,11 @@
 #   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
+#   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
+#                    caching off and on (prefix_caching.py --workloads batch)
+#   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
+#                    then into the idle engine: their TTFT, the decode windows, the wait for the step boundary
+#                    (late_requests.py)
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
@@ -128,6 +133,11 @@ for step in "$@"; do
     done
     run_step w2-nopc 200 $TP $W2 --no-enable-prefix-caching --output-json "$(name w2-prefix-off)"
     run_step w2-pc 200 $TP $W2 --output-json "$(name w2-prefix-on)" ;;
+  prefix-ttft) run_step prefix-ttft 360 $PY benchmarks/prefix_caching.py --model $M7 --load-format dummy \
+      --dtype bfloat16 --workloads batch --num-prompts 256 --system-len 1024 --max-model-len 2048 \
+      --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;
+  late-requests) run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+      --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
   quantization)
     run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \
       --output-json "$(name decode-quantized)"
