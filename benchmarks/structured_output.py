@@ -8,9 +8,10 @@ One engine, one run, three phases:
    steps), at most ``--output-len`` tokens each, all at once (nano-vllm's W2 shape at the defaults);
 2. unconstrained: the same prompts and output lengths without schemas; output tokens per second
    against phase 1 (phases 1 and 2 alternate ``--rounds`` times);
-3. new schema: while ``--num-prompts`` constrained requests run, one request with a schema the
-   engine has not seen and one with a cached schema arrive at the same step; their TTFTs, and the
-   running requests' TPOT before and after.
+3. a late request: while ``--num-prompts`` unconstrained requests decode, one request with a schema
+   arrives; its TTFT, and the others' time per output token before it arrived and while it runs.
+   Twice, into the same batch: with a schema already compiled, then with one the engine has not seen
+   (its grammar compiles beside the running steps).
 
 Random weights (``--load-format dummy``) write random but grammatical JSON, so constrained
 requests end when their grammar completes or at ``--output-len``; each unconstrained request then
@@ -71,31 +72,45 @@ def run_batch(engine, prompts, params_of) -> tuple[float, int, dict, list[int]]:
     return time.perf_counter() - start, tokens, metrics, lengths
 
 
-def new_schema_phase(engine, prompts, args, known: list[dict]) -> dict:
-    """Constrained requests running; then a new-schema and a known-schema request arrive together."""
+def late_request_phase(engine, prompts, args, schema: dict, tag: str) -> dict:
+    """``--num-prompts`` unconstrained requests decode (the others); after ``2 * --late-after-steps``
+    decode steps, one request constrained by ``schema`` (at most 64 tokens) arrives. Its TTFT, and
+    the others' time per output token over the last ``--late-after-steps`` steps before its arrival
+    and from its arrival until it ends (wall time over the tokens one of the others received in
+    those steps; the others run ``--output-len`` tokens, which must outlast it)."""
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"bg{i}", prompt, _params(args, known[i % len(known)]))
-    step_times, late_added = [], False
-    first_token = {}
-    while engine.has_unfinished_requests():
+        engine.add_request(f"{tag}-bg{i}", prompt, _params(args, None, args.output_len))
+    watched = f"{tag}-bg0"  # every other request receives the same tokens per step
+    steps, arrival, first_token, late_done, decoding = [], None, None, False, 0
+    while engine.has_unfinished_requests() and not late_done:
         started = time.perf_counter()
         outs = engine.step()
-        step_times.append((time.perf_counter() - started, late_added))
+        seconds = time.perf_counter() - started
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs if o.request_id == watched)
         for out in outs:
-            if out.request_id in ("new", "known") and out.request_id not in first_token and out.outputs \
-                    and out.outputs[0].token_ids:
-                first_token[out.request_id] = time.monotonic()
-        if not late_added and len(step_times) == args.late_after_steps:
-            arrival = time.monotonic()
-            engine.add_request("new", prompts[0], _params(args, schemas(1, salt="new")[0]), arrival_time=arrival)
-            engine.add_request("known", prompts[1], _params(args, known[0]), arrival_time=arrival)
-            late_added = True
-    before = [t for t, late in step_times[1:] if not late]
-    after = [t for t, late in step_times if late][: len(before)]
-    return {"new_schema_ttft_ms": 1000 * (first_token["new"] - arrival),
-            "known_schema_ttft_ms": 1000 * (first_token["known"] - arrival),
-            "median_step_ms_before": 1000 * statistics.median(before),
-            "median_step_ms_after": 1000 * statistics.median(after)}
+            if out.request_id == tag and first_token is None and out.outputs and out.outputs[0].token_ids:
+                first_token = time.monotonic()
+            late_done = late_done or (out.request_id == tag and out.finished)
+        if arrival is not None and not any(o.request_id == watched and o.finished for o in outs):
+            steps.append((seconds, tokens, True))
+        elif sum(1 for o in outs if o.outputs and o.outputs[0].token_ids) == len(prompts):  # all decode
+            decoding += 1
+            if decoding > args.late_after_steps:  # steady decode: the before span is these steps
+                steps.append((seconds, tokens, False))
+            if decoding == 2 * args.late_after_steps:
+                arrival = time.monotonic()
+                engine.add_request(tag, prompts[0], _params(args, schema, 64), arrival_time=arrival)
+    for i in range(len(prompts)):
+        engine.abort_request(f"{tag}-bg{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+
+    def tpot(late: bool) -> float:
+        span = [(s, t) for s, t, after in steps if after == late]
+        return 1000 * sum(s for s, _ in span) / max(1, sum(t for _, t in span))
+
+    return {"ttft_ms": 1000 * (first_token - arrival), "others_tpot_ms_before": tpot(False),
+            "others_tpot_ms_while_it_runs": tpot(True)}
 
 
 def _params(args, schema: dict | None, max_tokens: int | None = None) -> SamplingParams:
@@ -139,7 +154,9 @@ def main() -> None:
         seconds, tokens, _, _ = run_batch(engine, prompts, lambda i: _params(args, None, max(1, lengths[i])))
         free_s, free_tokens = free_s + seconds, free_tokens + tokens
     compile_ms = [1000 * s for s in engine.grammar_compiler.compile_seconds]
-    late = new_schema_phase(engine, prompts, args, known)
+    # A request with a known schema, then one with a schema never seen, each into the same running batch.
+    late = {"known_schema": late_request_phase(engine, prompts, args, known[0], "known"),
+            "new_schema": late_request_phase(engine, prompts, args, schemas(1, salt="new")[0], "new")}
     result = {
         "command": "python " + shlex.join(sys.argv),
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
@@ -154,7 +171,8 @@ def main() -> None:
         "constrained_over_unconstrained": (constrained_tokens / constrained_s) / (free_tokens / free_s),
         "grammar_compile_ms": {"count": len(compile_ms), "median": statistics.median(compile_ms),
                                "max": max(compile_ms)},
-        "new_schema": late,
+        "late_request": late,
+        "window_steps": {str(k): v for k, v in sorted(engine.window_steps.items())},
     }
     print(json.dumps(result, indent=2))
     RESULTS.mkdir(exist_ok=True)
