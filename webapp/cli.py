@@ -46,7 +46,7 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--enforce-eager": ("enforce_eager", {"action": "store_true", "help": "Never capture CUDA graphs."}),
     "--async-scheduling": ("async_scheduling", {"action": argparse.BooleanOptionalAction, "default": None,
                                                 "help": "Schedule decode step N+1 while step N runs (default: on "
-                                                        "a GPU with one rank)."}),
+                                                        "a GPU)."}),
     "--num-scheduler-steps": ("num_scheduler_steps", {"type": int, "default": None,
                                                       "help": "Decode steps run on the device per host iteration "
                                                               "of a decode-only batch (multi-step scheduling; "

@@ -78,6 +78,15 @@ class TensorParallelGroup:
         self.pg.allreduce([x], opts).wait()
         return x
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``x`` on every rank, in place (the others pass a tensor of the same shape and dtype)."""
+        if self.world_size == 1:
+            return x
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([x], opts).wait()
+        return x
+
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:
         """Concatenate the ranks' ``x`` ``[N, V_shard]`` along the last dim on rank 0 (``[N, V_shard * tp]``,
         ranks in order); other ranks get None. Every rank must pass the same shape."""

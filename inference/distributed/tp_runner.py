@@ -55,12 +55,11 @@ class TensorParallelRunner(ModelRunner):
 
     def execute_async(self, sched_out: SchedulerOutput, input_ids: torch.Tensor | None = None,
                       prev: StepHandle | None = None) -> StepHandle:
-        if input_ids is not None:  # arg_utils refuses async scheduling with tensor parallelism
-            raise ValueError("a step scheduled ahead cannot run on several ranks (its input ids are on rank 0)")
-        plan = self.plan(sched_out)
+        input_ids = self._ahead_input_ids(sched_out, input_ids)
+        plan = self.plan(sched_out, ahead=input_ids is not None)  # ahead: rank 0 broadcasts the input ids
         self.ranks.send(plan)
         try:
-            return self.run(plan, sched_out)
+            return self.run(plan, sched_out, input_ids, prev)
         except Exception as error:
             raise self.ranks.failure(error) from error
 

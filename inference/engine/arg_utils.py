@@ -35,7 +35,7 @@ class EngineArgs:
     ``max_position_embeddings``; ``max_num_batched_tokens=None`` takes 2048 with chunked prefill,
     else ``max(max_model_len, 2048)``. ``num_kv_blocks`` overrides the profiled KV pool size
     (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
-    where it pays and is supported: on a GPU with one rank. ``num_scheduler_steps``
+    on a GPU (any number of tensor-parallel ranks). ``num_scheduler_steps``
     (1 to 64, one rank) runs that many decode steps per scheduling of a decode-only batch
     (:mod:`inference.sched.decode_windows`).
     """
@@ -209,7 +209,4 @@ class EngineArgs:
         return dict(num_scheduler_steps=AUTO_MAX_WINDOW if auto else 1, adaptive_windows=auto)
 
     def _async_scheduling(self, device: str) -> bool:
-        supported = self.tensor_parallel_size == 1
-        if self.async_scheduling and not supported:
-            raise InvalidRequestError("async_scheduling needs tensor_parallel_size=1.", param="async_scheduling")
-        return supported and device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
+        return device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling

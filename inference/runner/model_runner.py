@@ -37,12 +37,15 @@ class StepPlan:
         blocks_to_swap_out, blocks_to_copy, blocks_to_swap_in: ``(source, destination)`` block ids
             (see ``SchedulerOutput``), applied in that order before the forward pass.
         batch: the step's flattened inputs; None when no request runs (block operations only).
+        ahead: a decode step scheduled ahead: its input ids are the previous step's tokens, on rank 0's
+            device; rank 0 broadcasts them to the other ranks.
     """
 
     blocks_to_swap_out: list[tuple[int, int]]
     blocks_to_copy: list[tuple[int, int]]
     blocks_to_swap_in: list[tuple[int, int]]
     batch: HostBatch | None
+    ahead: bool = False
 
 
 class ModelRunner:
@@ -160,9 +163,16 @@ class ModelRunner:
         stream; ``StepHandle.result()`` waits for that copy only, so the caller can do host work
         (detokenizing the previous step) while the device runs this one.
         """
-        if input_ids is not None and sched_out.input_rows is not None:  # requests left since the last step
-            input_ids = input_ids[tensor_to_device(torch.tensor(sched_out.input_rows), input_ids.device)]
+        input_ids = self._ahead_input_ids(sched_out, input_ids)
         return self.run(self.plan(sched_out, ahead=input_ids is not None), sched_out, input_ids, prev)
+
+    @staticmethod
+    def _ahead_input_ids(sched_out: SchedulerOutput, input_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The rows of the previous step's tokens ``input_ids`` that ``sched_out`` decodes (all of them
+        unless requests left since, see ``SchedulerOutput.input_rows``)."""
+        if input_ids is not None and sched_out.input_rows is not None:
+            input_ids = input_ids[tensor_to_device(torch.tensor(sched_out.input_rows), input_ids.device)]
+        return input_ids
 
     def apply_block_ops(self, sched_out: SchedulerOutput) -> None:
         """Apply the block copies and swaps of a step in which no request runs."""
@@ -171,7 +181,8 @@ class ModelRunner:
     def plan(self, sched_out: SchedulerOutput, with_batch: bool = True, ahead: bool = False) -> StepPlan:
         """The step's host-side description (block operations and flattened inputs)."""
         batch = host_batch(sched_out, self.block_size, ahead) if with_batch and not sched_out.is_empty else None
-        return StepPlan(sched_out.blocks_to_swap_out, sched_out.blocks_to_copy, sched_out.blocks_to_swap_in, batch)
+        return StepPlan(sched_out.blocks_to_swap_out, sched_out.blocks_to_copy, sched_out.blocks_to_swap_in, batch,
+                        ahead and batch is not None)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, sched_out: SchedulerOutput | None = None,
@@ -192,6 +203,10 @@ class ModelRunner:
         self._apply_block_ops(plan)
         if plan.batch is None:
             return None
+        if plan.ahead and self.tp is not None and self.tp.world_size > 1:  # rank 0's tokens to every rank
+            if input_ids is None:
+                input_ids = torch.empty(len(plan.batch.input_ids), dtype=torch.int64, device=self.device)
+            input_ids = self.tp.broadcast(input_ids.contiguous())
         inputs = device_inputs(plan.batch, self.block_size, self.device, self.attention_backend, input_ids)
         sampling = []
         if sched_out is not None:

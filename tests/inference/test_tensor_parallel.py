@@ -135,6 +135,24 @@ def test_tiny_qwen2_tp2_same_greedy_tokens_and_clean_close(tiny_qwen2, filler_pr
         two.generate(prompt_token_ids=prompts[:1], use_tqdm=False)
 
 
+@pytest.mark.timeout(300)
+def test_tiny_qwen2_tp2_steps_launched_ahead_give_the_same_tokens(tiny_qwen2, filler_prompts):
+    """Async scheduling with two ranks: rank 0 broadcasts the tokens its previous step sampled on the
+    device as the next step's inputs; greedy tokens equal one synchronous rank's, also for a request that
+    ends early and one constrained by a regex (its bitmask filled while the ranks run the forward pass)."""
+    prompts = filler_prompts[:4]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (NUM_TOKENS, 5, NUM_TOKENS)]
+    params.append(SamplingParams(temperature=0, max_tokens=NUM_TOKENS, structured_outputs={"regex": "[a-z]{20,}"}))
+    one = LLM(model=tiny_qwen2, async_scheduling=False, **TINY_ARGS)
+    expected = [[o.token_ids for o in r.outputs] for r in one.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                        use_tqdm=False)]
+    with LLM(model=tiny_qwen2, tensor_parallel_size=2, async_scheduling=True, **TINY_ARGS) as two:
+        got = [[o.token_ids for o in r.outputs] for r in two.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                       use_tqdm=False)]
+        assert two.llm_engine.num_steps_ahead > NUM_TOKENS // 2
+    assert got == expected
+
+
 @pytest.fixture(scope="module")
 def filler_prompts():
     import random
