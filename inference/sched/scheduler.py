@@ -204,16 +204,18 @@ class Scheduler:
     # ---- scheduling ahead (async scheduling) -------------------------------------------
     def can_schedule_ahead(self, prev: SchedulerOutput, max_model_len: int) -> bool:
         """Whether the step after ``prev`` (still running on the device) is known without its
-        tokens: ``prev`` decoded every running request, in running order, nothing waits, and no
-        request can finish by length with ``prev``'s token. Then the next step decodes the same
+        tokens: ``prev`` decoded every running request, in running order, nothing waits that could
+        be admitted (a request waiting while every one of ``max_num_seqs`` seats is taken, as under a
+        tenant's flood, waits for a request to end, after which the next step is scheduled normally),
+        and no request can finish by length with ``prev``'s token. Then the next step decodes the same
         requests again, whatever tokens ``prev`` samples (a request that ``prev`` ends with EOS or
         a stop string computes one token that is thrown away). With multi-step scheduling the rule
         is :func:`.decode_windows.rows_ahead`'s. Not while a request is short of ``min_tokens``: its ban on
         stop tokens is built from the tokens appended so far, which would not count ``prev``'s. A request
         whose output follows a grammar may run ahead: the runner fills its bitmask once ``prev``'s
         token is on the host, while the device runs the forward pass (``ModelRunner.execute_async``)."""
-        if self.num_waiting or prev.preempted_ids:
-            return False
+        if (self.num_waiting and len(self.running) < self.config.max_num_seqs) or prev.preempted_ids:
+            return False  # a waiting request may be admitted now (with every seat taken it waits anyway)
         if self.config.num_scheduler_steps > 1:
             self._rows_ahead = rows_ahead(prev, self.running, max_model_len)  # schedule_ahead's batch
             return self._rows_ahead is not None

@@ -163,3 +163,35 @@ def test_constrained_requests_run_ahead_with_the_synchronous_outputs(engines, te
         text, _, reason = got[key][0]
         assert reason == "stop", got[key]
         json.loads(text)
+
+
+@pytest.mark.timeout(900)
+def test_steps_run_ahead_while_requests_wait_for_a_seat(test_prompts):
+    """Every ``max_num_seqs`` seat taken and more requests waiting, as under a tenant's flood: the decode
+    steps are still launched ahead, the waiting requests are admitted as seats free (in the tenants'
+    fair order), and every request gives the synchronous engine's tokens."""
+    kwargs = dict(max_model_len=512, kv_cache_space=0.25, max_num_seqs=2)
+    sync, ahead = LLM(async_scheduling=False, **kwargs), LLM(async_scheduling=True, **kwargs)
+    for llm in (sync, ahead):
+        llm.llm_engine.set_tenant_shares({"a": 30, "b": 70}, {})
+    params = [SamplingParams(temperature=0, max_tokens=12 + 4 * i, ignore_eos=True) for i in range(6)]
+
+    def run(llm):
+        engine = llm.llm_engine
+        for i, (prompt, p) in enumerate(zip(test_prompts * 2, params)):
+            engine.add_request(str(i), prompt, p, tenant_id="ab"[i % 2])
+        done, order, ahead_while_waiting = {}, [], 0
+        while engine.has_unfinished_requests():
+            waiting, launched = engine.scheduler.num_waiting, engine.num_steps_ahead
+            outs = engine.step()
+            ahead_while_waiting += bool(waiting) and engine.num_steps_ahead > launched
+            for out in outs:
+                if out.outputs[0].token_ids and out.request_id not in order:
+                    order.append(out.request_id)
+                done[out.request_id] = done.get(out.request_id, ()) + tuple(out.outputs[0].token_ids)
+        return done, order, ahead_while_waiting
+
+    expected, expected_order, _ = run(sync)
+    got, order, ahead_while_waiting = run(ahead)
+    assert got == expected and order == expected_order
+    assert ahead_while_waiting > 20  # most decode steps while requests waited for a seat
