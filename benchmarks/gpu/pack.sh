@@ -25,6 +25,10 @@ $PY -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .gpuserve/whl-engine "$(grep '^xgrammar' requirements.txt)" apache-tvm-ffi pydantic pydantic-core \
   annotated-types typing-inspection
+# py-spy, for the serving step's optional profile (PROFILE=1).
+mkdir -p .gpuserve/tools
+$PY -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .gpuserve/tools py-spy
 for whl in /tmp/gpuserve-dl/*.whl; do
   case $(basename "$whl" | cut -d- -f1 | tr _ - | tr A-Z a-z) in
     click|typing-extensions|python-dateutil|attrs|prometheus-client) cp "$whl" .gpuserve/whl-ifold/ ;;
