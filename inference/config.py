@@ -53,6 +53,8 @@ class CacheConfig:
         kv_cache_space: GiB of KV cache on CPU.
         enable_prefix_caching: share full blocks between requests by content hash.
         swap_space: GiB of CPU memory (pinned on CUDA) for swapped-out blocks (preemption_mode "swap").
+        cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` or ``"fp8_e4m3"`` (float8 e4m3 with
+            per-layer scales, :mod:`inference.attention.kv_quant`).
     """
 
     block_size: int = 16
@@ -60,6 +62,7 @@ class CacheConfig:
     kv_cache_space: float = 4.0
     enable_prefix_caching: bool = False
     swap_space: float = 0.0
+    cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                           "'priority' (lower first), then arrival."}),
     "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float, "default": 0.9,
                                                             "help": "Fraction of GPU memory to use."}),
+    "--kv-cache-dtype": ("kv_cache_dtype", {"default": "auto", "choices": ["auto", "fp8", "fp8_e4m3"],
+                                            "help": "KV cache storage: auto (the model's dtype) or fp8 (e4m3, "
+                                                    "per-layer scales: twice the tokens of a 16-bit cache)."}),
     "--swap-space": ("swap_space", {"type": float, "default": 0.0,
                                     "help": "CPU swap space per engine, GiB (with --preemption-mode swap)."}),
     "--preemption-mode": ("preemption_mode", {"default": "recompute", "choices": ["recompute", "swap"],

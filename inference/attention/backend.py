@@ -28,14 +28,16 @@ def resolve_backend(requested: str, device: str) -> str:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, kv_stored: bool = False) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, kv_stored: bool = False, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """Store the step's K/V in the paged cache and attend (shapes as in ``torch_ref.paged_attention``).
 
     ``kv_stored``: the caller already wrote ``k`` and ``v`` to the cache (the model's rotary kernel does on
-    the Triton backend); the Triton path then skips its store kernel.
+    the Triton backend); the Triton path then skips its store kernel. ``k_scale``, ``v_scale``: the
+    layer's scales of an FP8 cache (:mod:`.kv_quant`).
     """
     if meta.backend == "torch":
-        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
     from . import triton_ops  # imported only when the Triton backend is in use
 
     if not kv_stored:

@@ -19,6 +19,8 @@ AUTO_WINDOW_DEVICES = ("cuda",)
 from ..sched.policy import POLICIES
 from ..sched.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
+from ..attention import resolve_backend
+from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 from ..quantization import resolve_quantization
@@ -58,6 +60,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
     swap_space: float = 0.0
+    kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     quantization: str | None = None
     enforce_eager: bool = False
@@ -180,6 +183,7 @@ class EngineArgs:
             raise InvalidRequestError(
                 f"max_num_batched_tokens={batched} is smaller than max_model_len={max_model_len}; "
                 "enable chunked prefill or raise max_num_batched_tokens.", param="max_num_batched_tokens")
+        self._check_kv_cache_dtype(dtype, device)
         return EngineConfig(
             model=self.model, tokenizer=str(resolved.tokenizer_dir), model_dir=str(resolved.model_dir),
             hf_config=hf_config, dtype=dtype, device=device, load_format=self.load_format, seed=self.seed,
@@ -189,7 +193,7 @@ class EngineArgs:
             served_model_name=self.served_model_name or self.model,
             cache=CacheConfig(block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
                               kv_cache_space=self.kv_cache_space, enable_prefix_caching=self.enable_prefix_caching,
-                              swap_space=self.swap_space),
+                              swap_space=self.swap_space, cache_dtype=self.kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
                                       enable_chunked_prefill=self.enable_chunked_prefill,
@@ -207,6 +211,23 @@ class EngineArgs:
             return dict(num_scheduler_steps=self.num_scheduler_steps, adaptive_windows=False)
         auto = device.startswith(AUTO_WINDOW_DEVICES) and self.tensor_parallel_size == 1
         return dict(num_scheduler_steps=AUTO_MAX_WINDOW if auto else 1, adaptive_windows=auto)
+
+    def _check_kv_cache_dtype(self, dtype: torch.dtype, device: str) -> None:
+        """Raises InvalidRequestError for an unknown ``kv_cache_dtype``, an FP8 cache with the Triton
+        attention kernels, or on a GPU without float8 e4m3 (compute capability below 8.9)."""
+        if kv_cache_torch_dtype(self.kv_cache_dtype, dtype) != FP8_DTYPE or not device.startswith("cuda"):
+            return
+        if resolve_backend(self.attention_backend, device) == "triton":
+            raise InvalidRequestError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the PyTorch attention path only: the Triton "
+                "attention kernels do not read an FP8 cache yet; pass attention_backend='torch'.",
+                param="kv_cache_dtype")
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise InvalidRequestError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} needs a GPU with float8 e4m3 (compute capability 8.9 or "
+                f"newer: Ada, Hopper); {torch.cuda.get_device_name(device)} has {major}.{minor}.",
+                param="kv_cache_dtype")
 
     def _async_scheduling(self, device: str) -> bool:
         return device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling

@@ -43,6 +43,7 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary = rotary  # shared by all layers
         self.scale = self.head_dim ** -0.5
+        self.k_scale = self.v_scale = 1.0  # an FP8 KV cache's scales (inference.attention.kv_quant)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -57,7 +58,8 @@ class DecoderAttention(nn.Module):
         # kernel: one launch less a layer).
         fused_store = meta.backend == "triton"
         q, k = self.rotary(positions, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store, k_scale=self.k_scale,
+                              v_scale=self.v_scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

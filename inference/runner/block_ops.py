@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..attention.kv_quant import FP8_DTYPE
+
 from ..host_to_device import to_device
 
 
@@ -19,6 +21,7 @@ def copy_blocks(kv_caches: list[torch.Tensor], pairs: list[tuple[int, int]], dev
     src, dst = to_device([np.array([s for s, _ in pairs], np.int64), np.array([d for _, d in pairs], np.int64)],
                          device)
     for cache in kv_caches:
+        cache = _indexable(cache)
         cache.index_copy_(1, dst, cache.index_select(1, src))
 
 
@@ -36,5 +39,11 @@ def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], 
     src = torch.tensor([s for s, _ in pairs], dtype=torch.long).to(src_device)
     dst = torch.tensor([d for _, d in pairs], dtype=torch.long).to(dst_device)
     for src_cache, dst_cache in zip(src_caches, dst_caches):
+        src_cache, dst_cache = _indexable(src_cache), _indexable(dst_cache)
         blocks = src_cache.index_select(1, src)
         dst_cache.index_copy_(1, dst, blocks.to(dst_device, non_blocking=dst_device.type != "cpu"))
+
+
+def _indexable(cache: torch.Tensor) -> torch.Tensor:
+    """``cache`` itself, or its bytes for an FP8 cache (``index_select``/``index_copy_`` have no float8 kernels)."""
+    return cache.view(torch.uint8) if cache.dtype == FP8_DTYPE else cache

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from ..attention import AttentionMetadata, PrefillSegment
+from ..attention.kv_quant import kv_cache_torch_dtype
 from ..config import EngineConfig
 from ..errors import InvalidRequestError
 
@@ -14,8 +15,9 @@ GiB = 1 << 30
 
 
 def bytes_per_block(config: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-    """Bytes of one KV block over all layers: ``2 * layers * block_size * Hk * D * element size``."""
-    element = torch.tensor([], dtype=config.dtype).element_size()
+    """Bytes of one KV block over all layers: ``2 * layers * block_size * Hk * D * element size`` (of the
+    cache's dtype: one byte with an FP8 cache)."""
+    element = torch.tensor([], dtype=kv_cache_torch_dtype(config.cache.cache_dtype, config.dtype)).element_size()
     return 2 * num_layers * config.cache.block_size * num_kv_heads * head_dim * element
 
 

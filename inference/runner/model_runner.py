@@ -12,6 +12,7 @@ from ..config import EngineConfig
 from ..host_to_device import tensor_to_device
 from ..sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
+from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
 from ..distributed.partition import head_partition
 from ..distributed.process_group import TensorParallelGroup
 from ..model_loader import iter_weights
@@ -77,6 +78,7 @@ class ModelRunner:
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.block_size = config.cache.block_size
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.kv_dtype = kv_cache_torch_dtype(config.cache.cache_dtype, config.dtype)
         self.bytes_per_block = bytes_per_block(config, self.num_layers, self.num_kv_heads, self.head_dim)
         self.num_blocks = tp.min_over_ranks(num_kv_blocks or kv_sizing_num_blocks(
             config, self.model, self.weights_bytes, self.bytes_per_block, self.num_kv_heads, self.head_dim),
@@ -126,20 +128,22 @@ class ModelRunner:
         it comes from calloc (numpy), whose large allocations are zero pages mapped lazily, so a
         multi-GiB pool costs nothing until blocks are written."""
         if cpu and self.device != "cpu":
-            return torch.zeros(shape, dtype=self.config.dtype, pin_memory=True)
-        if self.device != "cpu" or self.config.dtype == torch.bfloat16:
-            return torch.zeros(shape, dtype=self.config.dtype, device=self.device)
-        np_dtype = {torch.float32: np.float32, torch.float16: np.float16}[self.config.dtype]
+            return torch.zeros(shape, dtype=self.kv_dtype, pin_memory=True)
+        if self.device != "cpu" or self.kv_dtype == torch.bfloat16:
+            return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        if self.kv_dtype == FP8_DTYPE:  # zero bytes are e4m3 zeros
+            return torch.from_numpy(np.zeros(shape, dtype=np.uint8)).view(FP8_DTYPE)
+        np_dtype = {torch.float32: np.float32, torch.float16: np.float16}[self.kv_dtype]
         return torch.from_numpy(np.zeros(shape, dtype=np_dtype))
 
     def _log_memory(self) -> None:
         kv_bytes = self.num_blocks * self.bytes_per_block
         max_len = self.config.max_model_len
         concurrency = self.num_blocks * self.block_size / max_len
-        logger.info("Model weights take %.2f GiB; KV cache %.2f GiB = %d blocks of %d tokens; "
+        logger.info("Model weights take %.2f GiB; KV cache %.2f GiB (%s) = %d blocks of %d tokens, %d tokens; "
                     "maximum concurrency at max_model_len=%d: %.2fx",
-                    self.weights_bytes / GiB, kv_bytes / GiB, self.num_blocks, self.block_size,
-                    max_len, concurrency)
+                    self.weights_bytes / GiB, kv_bytes / GiB, str(self.kv_dtype).removeprefix("torch."),
+                    self.num_blocks, self.block_size, self.num_blocks * self.block_size, max_len, concurrency)
         if self.num_cpu_blocks:
             logger.info("CPU swap space %.2f GiB = %d blocks", self.num_cpu_blocks * self.bytes_per_block / GiB,
                         self.num_cpu_blocks)
