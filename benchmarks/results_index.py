@@ -45,6 +45,10 @@ def headline(d: dict) -> str:
         parts.append(f"{d['roofline']['fraction_of_roofline']:.0%} of the roofline bound")
     if "ratio" in d and isinstance(d.get("transformers_generate"), dict):
         parts.append(f"{d['ratio']:.2f}x transformers")
+    a = d.get("alternating")
+    if isinstance(a, dict) and "ratio" in a:
+        parts.append(f"median {a['tessera_median']:.1f} output tok/s against transformers {a['transformers_median']:.1f} "
+                     f"in {a['rounds']} alternating rounds: {a['ratio']:.2f}x")
     if "serving_over_offline_throughput" in d:
         s = d["serving"]
         parts.append(f"{_num(s['output_throughput'])} output tok/s served, {d['serving_over_offline_throughput']:.0%} "

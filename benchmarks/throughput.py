@@ -9,6 +9,9 @@ computes past a request's own max_tokens is waste, not output.
         --model qwen2.5-7b --load-format dummy --dtype bfloat16   # GPU workload W1 (performance issue)
     python benchmarks/throughput.py --workload peer-w2 --num-prompts 256 --model qwen2.5-0.5b \
         --load-format dummy --dtype bfloat16 --num-scheduler-steps 1 4 8   # W2, one engine per N, in turn
+    python benchmarks/throughput.py --num-prompts 1 --input-len 128 --output-len 64 --rounds 10
+                                                          # CPU single stream: LLM.generate against generate,
+                                                          # alternating rounds
 
 Writes JSON (figures and the exact command) to benchmarks/results/.
 """
@@ -20,6 +23,8 @@ import json
 import platform
 import random
 import shlex
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -245,11 +250,22 @@ def roofline(ours: dict, prompts, outputs, copy_gbps: float, matmul_tflops: floa
             "fraction_of_roofline": bound / ours["seconds"]}
 
 
-@torch.inference_mode()
-def run_transformers(model_dir: str, device: str, dtype: str, prompts, outputs, batch_size: int) -> dict:
+def load_transformers(model_dir: str, device: str, dtype: str):
+    """The same weights as the engine's (``hf_model_dir``: for a GGUF model, its float32 dequantized form)
+    in transformers' ``AutoModelForCausalLM``."""
     from transformers import AutoModelForCausalLM
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+
+
+def run_transformers(model_dir: str, device: str, dtype: str, prompts, outputs, batch_size: int) -> dict:
+    return transformers_generate(load_transformers(model_dir, device, dtype), device, prompts, outputs, batch_size)
+
+
+@torch.inference_mode()
+def transformers_generate(model, device: str, prompts, outputs, batch_size: int) -> dict:
+    """Greedy ``generate`` over the prompts in static batches of ``batch_size``, each batch to its longest
+    requested output (counted as the requested tokens only)."""
     start = time.perf_counter()
     for first in range(0, len(prompts), batch_size):
         batch, lens = prompts[first:first + batch_size], outputs[first:first + batch_size]
@@ -264,6 +280,42 @@ def run_transformers(model_dir: str, device: str, dtype: str, prompts, outputs, 
     produced = sum(outputs)
     return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed,
             "batch_size": batch_size}
+
+
+def run_alternating(args, prompts, outputs) -> dict:
+    """``--rounds R``: the workload R times through Tessera's ``LLM.generate`` and R times through transformers'
+    ``generate`` (one static batch), in one process on the same weights and torch threads, alternating: round
+    ``i`` runs Tessera first when ``i`` is even, transformers first when odd, so that a change in the machine's
+    load (a shared CPU) reaches both sides alike. Both are warmed up first. Reports output tok/s of every
+    round, their medians and the ratio of the medians (with ``ratio_per_round``: Tessera's round over
+    transformers' round beside it)."""
+    llm = make_llm(args)
+    engine = llm.llm_engine
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    peer = load_transformers(engine.config.model_dir, engine.config.device,
+                             str(engine.config.dtype).replace("torch.", ""))
+
+    def tessera() -> float:
+        start = time.perf_counter()
+        done = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        assert sum(len(o.outputs[0].token_ids) for o in done) == sum(outputs)
+        return sum(outputs) / elapsed
+
+    def transformers() -> float:
+        return transformers_generate(peer, engine.config.device, prompts, outputs, len(prompts))["output_tokens_per_s"]
+
+    tessera(), transformers()  # warm-up
+    ours, theirs = [], []
+    for r in range(args.rounds):
+        for side in ((tessera, transformers) if r % 2 == 0 else (transformers, tessera)):
+            (ours if side is tessera else theirs).append(side())
+        print(f"round {r}: Tessera {ours[-1]:8.2f}  transformers {theirs[-1]:8.2f} output tok/s")
+    median = statistics.median
+    return {"rounds": args.rounds, "tessera_output_tokens_per_s": ours, "transformers_output_tokens_per_s": theirs,
+            "tessera_median": median(ours), "transformers_median": median(theirs),
+            "ratio": median(ours) / median(theirs), "ratio_per_round": [a / b for a, b in zip(ours, theirs)],
+            "device": engine.config.device, "dtype": str(engine.config.dtype), "hf_model_dir": engine.config.model_dir}
 
 
 def main() -> None:
@@ -311,6 +363,9 @@ def main() -> None:
                         help="run the workload this many times on the same engine (the first is the result)")
     parser.add_argument("--no-window-graphs", action="store_true",
                         help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="instead of the step-by-step run: this many alternating rounds of LLM.generate and "
+                             "transformers' generate over the whole workload (run_alternating)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.no_window_graphs:
@@ -323,7 +378,9 @@ def main() -> None:
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size
     prompts, outputs = make_workload(args, vocab)
-    result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=RESULTS, capture_output=True, text=True).stdout.strip()
+    result = {"command": "python " + shlex.join(sys.argv), "commit": commit or None,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
               "workload": {"model": args.model, "num_prompts": len(prompts), "input_tokens": sum(map(len, prompts)),
                            "requested_output_tokens": sum(outputs)}}
@@ -335,6 +392,12 @@ def main() -> None:
         print("  host ops, self ms:", prof["host_ops_self_ms"])
         print("  device timeline:", prof["timeline"])
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+        return
+    if args.rounds:
+        result["alternating"] = alt = run_alternating(args, prompts, outputs)
+        print(f"median Tessera {alt['tessera_median']:.2f}, transformers {alt['transformers_median']:.2f} output "
+              f"tok/s: {alt['ratio']:.2f}x")
+        write_result(result, args.output_json, f"alternating_{args.model.replace('/', '_')}_{alt['device']}.json")
         return
     for index, num_steps in enumerate(args.num_scheduler_steps):
         ours = run_tessera(args, prompts, outputs, num_steps)

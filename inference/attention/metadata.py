@@ -31,6 +31,8 @@ class AttentionMetadata:
         decode_indices: ``[Bd]`` int64, rows of the batch that are single-token decodes.
         decode_block_tables: ``[Bd, max_blocks]`` int64, zero-padded block tables of those requests.
         decode_seq_lens: ``[Bd]`` int64, context length including the new token.
+        decode_max_seq_len: the largest of ``decode_seq_lens`` as a host int (tokens), where the step's
+            builder knows it without reading the device; None otherwise.
         prefills: the multi-token requests.
         block_size: tokens per block.
         backend: ``"torch"`` (reference, CPU) or ``"triton"`` (GPU kernels).
@@ -66,6 +68,7 @@ class AttentionMetadata:
     num_splits: int | None = None
     num_leading_decodes: int = 0
     prefill_cu_seqlens_q: torch.Tensor | None = None
+    decode_max_seq_len: int | None = None
 
     @property
     def num_decodes(self) -> int:

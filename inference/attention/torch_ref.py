@@ -33,22 +33,38 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     values.view(num_slots, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
 
+def _select(cache: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``cache.index_select(dim, index)``; for an FP8 cache through its bytes (no float8 CPU kernel)."""
+    if is_fp8(cache):
+        return cache.view(torch.uint8).index_select(dim, index).view(cache.dtype)
+    return cache.index_select(dim, index)
+
+
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """``cache [num_blocks, bs, Hk, D]``, ``block_table [nb]`` -> contiguous ``[length, Hk, D]``."""
-    return cache[block_table].flatten(0, 1)[:length]
+    return _select(cache, 0, block_table).flatten(0, 1)[:length]
 
 
 def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
             k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Single-token attention for ``Bd`` requests at once: ``q [Bd, Hq, D] -> [Bd, Hq, D]``."""
-    tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
-    keys = dequantize(kv_cache[0][tables].flatten(1, 2), k_scale, q.dtype)  # [Bd, L, Hk, D]
-    values = dequantize(kv_cache[1][tables].flatten(1, 2), v_scale, q.dtype)
-    max_len = keys.shape[1]
-    allowed = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [Bd, L]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=allowed[:, None, None, :], scale=scale, enable_gqa=True)
+    """Single-token attention for ``Bd`` requests at once: ``q [Bd, Hq, D] -> [Bd, Hq, D]``.
+
+    Keys and values come from the cache in one ``index_select`` (whole blocks, copied row by row: on CPU
+    5-25x faster than advanced indexing of the same blocks). A lone request (one stream) attends over
+    exactly its ``decode_max_seq_len`` tokens, without a mask; a batch masks each row's tokens past its
+    length."""
+    tables = meta.decode_block_tables  # [Bd, nb]
+    kv = _select(kv_cache, 1, tables.flatten())  # [2, Bd * nb, bs, Hk, D]
+    kv = kv.view(2, tables.shape[0], -1, *kv.shape[3:])  # [2, Bd, L, Hk, D]
+    mask = None
+    if q.shape[0] == 1 and meta.decode_max_seq_len is not None:
+        kv = kv[:, :, :meta.decode_max_seq_len]
+    else:
+        allowed = torch.arange(kv.shape[2], device=q.device)[None, :] < meta.decode_seq_lens[:, None]  # [Bd, L]
+        mask = allowed[:, None, None, :]
+    keys, values = dequantize(kv[0], k_scale, q.dtype), dequantize(kv[1], v_scale, q.dtype)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+                                         attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ class RMSNorm(nn.Module):
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps))
         return self.weight * xf.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, fp8_out: bool = False):
@@ -95,11 +96,28 @@ def rope_inv_freq(config, head_dim: int) -> torch.Tensor:
     raise ModelLoadError(f"rope type {rope_type!r} is not supported (supported: default, linear, llama3).")
 
 
+@dataclass
+class RotaryPositions:
+    """The step's token positions and, on the PyTorch path, their rows of the rotary tables, gathered once
+    for all layers (``RotaryEmbedding.at``).
+
+    Attributes:
+        positions: ``[T]`` int64.
+        cos: ``[T, 1, D]`` in the model dtype; None on the Triton path (its kernel reads the tables).
+        sin_rotated: ``[T, 1, D]``, ``sin`` with its first half negated: ``x.roll(D // 2, -1) * sin_rotated``
+            is ``rotate_half(x) * sin`` exactly (a negation commutes with the product), in one copy less.
+    """
+
+    positions: torch.Tensor
+    cos: torch.Tensor | None = None
+    sin_rotated: torch.Tensor | None = None
+
+
 class RotaryEmbedding(nn.Module):
     """Applies rotary position embedding (rotate-half / GPT-NeoX layout, as in HF Llama).
 
-    ``forward(positions [T] int64, q [T, Hq, D], k [T, Hk, D]) -> (q, k)`` rotated, same dtype.
-    The cos/sin table ``[max_position, D]`` is built once in float32.
+    ``forward(positions [T] int64 or RotaryPositions, q [T, Hq, D], k [T, Hk, D]) -> (q, k)`` rotated,
+    same dtype. The cos/sin table ``[max_position, D]`` is built once in float32.
     """
 
     def __init__(self, config, head_dim: int, max_position: int) -> None:
@@ -116,21 +134,30 @@ class RotaryEmbedding(nn.Module):
         self.cos = emb.cos().to(self.cos.device)
         self.sin = emb.sin().to(self.sin.device)
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryPositions:
+        """The rows of ``positions [T]`` int64 in the tables, cast to ``dtype``, for every layer of a step
+        (on the Triton path, the positions alone)."""
+        if use_triton_layers(positions):
+            return RotaryPositions(positions)
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        half = sin.shape[-1] // 2
+        sin[..., :half].neg_()
+        return RotaryPositions(positions, self.cos[positions].unsqueeze(1).to(dtype), sin)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache_write: tuple | None = None):
+    def forward(self, positions: torch.Tensor | RotaryPositions, q: torch.Tensor, k: torch.Tensor,
+                cache_write: tuple | None = None):
         """``cache_write``: ``(v, kv_cache, slot_mapping)``, also store the rotated keys and ``v`` in the paged
         cache (one kernel on the Triton path; negative slots are skipped)."""
+        rows = positions if isinstance(positions, RotaryPositions) else None
         if use_triton_layers(q):
             from . import triton_layers
-            return triton_layers.rotary_embedding(positions, q, k, self.cos, self.sin, cache_write)
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        q = q * cos + self._rotate_half(q) * sin
-        k = k * cos + self._rotate_half(k) * sin
+            return triton_layers.rotary_embedding(rows.positions if rows else positions, q, k, self.cos, self.sin,
+                                                  cache_write)
+        if rows is None:
+            rows = self.at(positions, q.dtype)
+        half = q.shape[-1] // 2
+        q = q * rows.cos + q.roll(half, -1) * rows.sin_rotated
+        k = k * rows.cos + k.roll(half, -1) * rows.sin_rotated
         if cache_write is not None:
             from ..attention.torch_ref import store_kv
             v, kv_cache, slots = cache_write

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention
 from ..distributed.process_group import TensorParallelGroup
-from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from .layers import RMSNorm, RotaryEmbedding, RotaryPositions, silu_and_mul
 from .parallel_layers import (SINGLE_RANK, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                               RowParallelLinear, VocabParallelEmbedding, parallel_logits)
 
@@ -45,7 +45,7 @@ class DecoderAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.k_scale = self.v_scale = 1.0  # an FP8 KV cache's scales (inference.attention.kv_quant)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: RotaryPositions, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.codes.shape[0] if hasattr(x, "codes") else x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -57,7 +57,7 @@ class DecoderAttention(nn.Module):
         # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
         # kernel: one launch less a layer).
         fused_store = meta.backend == "triton"
-        q, k = self.rotary(positions, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
+        q, k = self.rotary(rope, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store, k_scale=self.k_scale,
                               v_scale=self.v_scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -86,7 +86,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, hidden, residual, kv_cache, meta):
+    def forward(self, rope, hidden, residual, kv_cache, meta):
         # An FP8 layer after a norm gets its input quantized by the norm's kernel (Fp8Activation).
         fp8_qkv = getattr(self.self_attn.qkv_proj, "takes_fp8_activations", False)
         if residual is None:
@@ -94,7 +94,7 @@ class DecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden, fp8_out=fp8_qkv)
         else:
             hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden = self.self_attn(rope, hidden, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(
             hidden, residual, fp8_out=getattr(self.mlp.gate_up_proj, "takes_fp8_activations", False))
         return self.mlp(hidden), residual
@@ -142,9 +142,10 @@ class LlamaFamilyForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb.at(positions, hidden.dtype)  # the tables' rows, gathered once for all layers
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+            hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 

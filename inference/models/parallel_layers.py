@@ -38,6 +38,8 @@ class ColumnParallelLinear(nn.Linear):
             concatenation, in order, is the local weight); None splits ``out_features`` evenly.
     """
 
+    takes_fp8_activations = False  # see QuantizedLinear.takes_fp8_activations
+
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
                  out_ranges: list[tuple[int, int]] | None = None) -> None:
         self.tp = tp
@@ -130,6 +132,8 @@ class RowParallelLinear(nn.Linear):
     ``forward(x [T, in_local]) -> [T, out]`` (the same on every rank). The bias is added once, after
     the sum.
     """
+
+    takes_fp8_activations = False  # see QuantizedLinear.takes_fp8_activations
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
                  in_range: tuple[int, int] | None = None) -> None:

@@ -163,7 +163,7 @@ def _torch_metadata_arrays(host: HostBatch):
         return AttentionMetadata(
             slot_mapping=None, decode_indices=rows, decode_block_tables=tables, decode_seq_lens=lens,
             prefills=[PrefillSegment(*span, table) for span, table in zip(prefill_spans, prefill)],
-            block_size=block_size)
+            block_size=block_size, decode_max_seq_len=max(decode_lens, default=None))
     return arrays, build
 
 

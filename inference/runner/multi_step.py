@@ -37,7 +37,8 @@ def next_decode_inputs(inputs: ModelInput, token_ids: torch.Tensor, block_size: 
         lengths = {"seq_lens": meta.seq_lens + 1, "context_lens": meta.context_lens + 1}
     else:
         tables = meta.decode_block_tables
-        lengths = {"decode_seq_lens": meta.decode_seq_lens + 1}
+        lengths = {"decode_seq_lens": meta.decode_seq_lens + 1,
+                   "decode_max_seq_len": None if meta.decode_max_seq_len is None else meta.decode_max_seq_len + 1}
     blocks = tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()
     slots = blocks * block_size + positions % block_size
     return ModelInput(token_ids, positions, dataclasses.replace(meta, slot_mapping=slots, **lengths),
