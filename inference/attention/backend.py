@@ -40,21 +40,22 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         return torch_paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
     from . import triton_ops  # imported only when the Triton backend is in use
 
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     if not kv_stored:
-        triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        triton_ops.store_kv_cache(k, v, kv_cache, meta.slot_mapping, **scales)
     if meta.decode_only:
         return triton_ops.paged_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
-                                                 max_seq_len=meta.max_seq_len, num_splits=meta.num_splits)
+                                                 max_seq_len=meta.max_seq_len, num_splits=meta.num_splits, **scales)
     d = meta.num_leading_decodes
     if d == 0:
         return triton_ops.paged_prefill_attention(q, k, v, kv_cache, meta.cu_seqlens_q, meta.context_lens,
-                                                  meta.block_tables, meta.max_query_len, scale)
+                                                  meta.block_tables, meta.max_query_len, scale, **scales)
     # The leading decodes through the decode kernel (one row each), the prefills after them through
     # the prefill kernel, both into one output.
     out = torch.empty_like(q)
     triton_ops.paged_decode_attention(q[:d], kv_cache, meta.block_tables[:d], meta.seq_lens[:d], scale,
-                                      out=out[:d], max_seq_len=meta.max_seq_len)
+                                      out=out[:d], max_seq_len=meta.max_seq_len, **scales)
     triton_ops.paged_prefill_attention(q[d:], k[d:], v[d:], kv_cache, meta.prefill_cu_seqlens_q,
                                        meta.context_lens[d:], meta.block_tables[d:], meta.max_query_len, scale,
-                                       out=out[d:])
+                                       out=out[d:], **scales)
     return out

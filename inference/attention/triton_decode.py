@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .kv_quant import FP8_DTYPE
+from .triton_cache import from_cache
+
 _LOG2E = 1.4426950408889634
 # The split kernel's keys per inner iteration (may span several cache blocks), warps and pipeline stages, by
 # head size. Head size 64 (Qwen2.5-0.5B, W2): 128 keys and 2 stages, 47.6 against 51.3 us at 256 requests of
@@ -53,12 +56,13 @@ def _decode_split_kernel(
     part_out_ptr,               # NUM_SPLITS > 1: [B, Hq, NUM_SPLITS, D] float32, contiguous; normalised slice output
     part_lse_ptr,               # NUM_SPLITS > 1: [B, Hq, NUM_SPLITS] float32, contiguous; slice log2-sum-exp2
     qk_scale,                   # softmax scale * log2(e)
+    k_scale, v_scale,           # FP8: the layer's scales
     stride_qb, stride_qh, stride_qd,
     stride_cb, stride_cs, stride_ch, stride_cd,
     stride_btb, stride_ob, stride_oh, stride_od,
     group_size, head_dim, block_size,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     # Program (request b, kv head h, slice s): query heads h*G .. h*G+G-1 over keys [start, end).
     b = tl.program_id(0)
@@ -88,13 +92,13 @@ def _decode_split_kernel(
         kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
                   + h * stride_ch + offs_d[None, :] * stride_cd)
         nd_mask = n_mask[:, None] & (offs_d[None, :] < head_dim)
-        k = tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0)
+        k = from_cache(tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0), k_scale, q.dtype, FP8)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
+        v = from_cache(tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0), v_scale, q.dtype, FP8)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -183,12 +187,13 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           launch: dict | None = None) -> torch.Tensor:
+                           launch: dict | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Attention of one new query token per request over its paged context (new token's K/V already stored).
 
     Args:
         q: ``[B, Hq, D]`` fp16/bf16/fp32, any strides.
-        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype, ``Hq % Hk == 0``.
+        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype or float8 e4m3 (read back as
+            ``stored * k_scale`` / ``* v_scale`` in registers, :mod:`.kv_quant`), ``Hq % Hk == 0``.
         block_tables: ``[B, max_blocks]`` int32 physical block ids (padding entries are never read).
         seq_lens: ``[B]`` int32 context length in tokens including the new token; 0 marks a padding
             row, whose output is zeros.
@@ -208,7 +213,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     """
     batch_size, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
-    if cache_dim != head_dim or num_heads % num_kv_heads or kv_cache.dtype != q.dtype:
+    if cache_dim != head_dim or num_heads % num_kv_heads or kv_cache.dtype not in (q.dtype, FP8_DTYPE):
         raise ValueError(f"q {tuple(q.shape)} {q.dtype} does not fit kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype}")
     if block_tables.shape[0] != batch_size or seq_lens.shape != (batch_size,):
         raise ValueError(f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} "
@@ -233,12 +238,12 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     launch = {**decode_launch(head_dim, kv_cache.element_size()), **(launch or {})}
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E, k_scale, v_scale,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
         group_size, head_dim, block_size,
         NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=launch["block_n"],
         BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        FP8=kv_cache.dtype == FP8_DTYPE, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:
         block_h = triton.next_power_of_2(launch.get("reduce_heads") or reduce_heads(num_heads, num_splits, block_d))

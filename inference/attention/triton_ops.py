@@ -25,14 +25,16 @@ __all__ = [
 ]
 
 
-def store_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Reference of :func:`store_kv_cache`: ``torch_ref.store_kv`` on the rows whose slot is ``>= 0``."""
     keep = slot_mapping >= 0
-    store_kv(k[keep], v[keep], kv_cache, slot_mapping[keep])
+    store_kv(k[keep], v[keep], kv_cache, slot_mapping[keep], k_scale, v_scale)
 
 
 def paged_decode_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                               seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                               seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
+                               v_scale: float = 1.0) -> torch.Tensor:
     """Reference of :func:`paged_decode_attention`: ``torch_ref._decode``, zeros for ``seq_len == 0`` rows.
 
     Every entry of ``block_tables`` (padding included) must be a valid block id: it is gathered.
@@ -42,13 +44,14 @@ def paged_decode_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_ta
         decode_indices=torch.arange(q.shape[0], device=q.device),
         decode_block_tables=block_tables.long(), decode_seq_lens=seq_lens.long(), prefills=[],
         block_size=kv_cache.shape[2])
-    out = _decode(q, kv_cache, meta, scale)
+    out = _decode(q, kv_cache, meta, scale, k_scale, v_scale)
     return out.masked_fill((seq_lens == 0)[:, None, None], 0.0)
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                                 cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
-                                block_tables: torch.Tensor, max_query_len: int, scale: float) -> torch.Tensor:
+                                block_tables: torch.Tensor, max_query_len: int, scale: float,
+                                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Reference of :func:`paged_prefill_attention`: ``torch_ref._prefill`` per request.
 
     Unlike the kernel it reads the new tokens' K/V from the cache when ``context_len > 0``, so
@@ -59,5 +62,6 @@ def paged_prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     for i, context_len in enumerate(contexts):
         s, e = bounds[i], bounds[i + 1]
         if e > s:
-            out[s:e] = _prefill(q[s:e], k[s:e], v[s:e], kv_cache, context_len, block_tables[i].long(), scale)
+            out[s:e] = _prefill(q[s:e], k[s:e], v[s:e], kv_cache, context_len, block_tables[i].long(), scale,
+                                k_scale, v_scale)
     return out

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .kv_quant import FP8_DTYPE
+from .triton_cache import as_stored, from_cache
+
 _LOG2E = 1.4426950408889634
 
 
@@ -60,6 +63,7 @@ def _prefill_kernel(
     context_lens_ptr,           # [B] int32 tokens already cached before this step
     out_ptr,                    # [T, Hq, D] model dtype, any strides
     qk_scale,                   # softmax scale * log2(e)
+    k_scale, v_scale,           # FP8: the layer's scales
     stride_qt, stride_qh, stride_qd,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
@@ -67,6 +71,7 @@ def _prefill_kernel(
     stride_btb, stride_ot, stride_oh, stride_od,
     group_size, head_dim, block_size,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     # Program (row tile, request b, kv head h); row r of the tile is (token r // G, head h*G + r % G).
     tile = tl.program_id(0)
@@ -101,8 +106,8 @@ def _prefill_kernel(
         blocks = tl.load(table + pos // block_size).to(tl.int64)
         kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
                   + h * stride_ch + offs_d[None, :] * stride_cd)
-        k = tl.load(k_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0)
+        k = from_cache(tl.load(k_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0), k_scale, q.dtype, FP8)
+        v = from_cache(tl.load(v_cache_ptr + kv_off, mask=d_mask[None, :], other=0.0), v_scale, q.dtype, FP8)
         m_i, l_i, acc = _online_softmax_step(q, k, v, None, m_i, l_i, acc, qk_scale, DOT_PRECISION, False)
     for n0 in range(whole, context_len, BLOCK_N):
         pos = n0 + offs_n
@@ -111,8 +116,8 @@ def _prefill_kernel(
         kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
                   + h * stride_ch + offs_d[None, :] * stride_cd)
         nd_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
+        k = from_cache(tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0), k_scale, q.dtype, FP8)
+        v = from_cache(tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0), v_scale, q.dtype, FP8)
         m_i, l_i, acc = _online_softmax_step(q, k, v, n_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
     # Phase 2: the new tokens from k/v. Key tiles that end at or before the tile's first query token
@@ -125,6 +130,7 @@ def _prefill_kernel(
                     mask=d_mask[None, :], other=0.0)
         v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + h * stride_vh + offs_d[None, :] * stride_vd,
                     mask=d_mask[None, :], other=0.0)
+        k, v = as_stored(k, k_scale, k_cache_ptr.dtype.element_ty, FP8), as_stored(v, v_scale, k_cache_ptr.dtype.element_ty, FP8)
         m_i, l_i, acc = _online_softmax_step(q, k, v, None, m_i, l_i, acc, qk_scale, DOT_PRECISION, False)
     last_tok = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group_size, q_len - 1)
     for n0 in range(below, last_tok + 1, BLOCK_N):
@@ -136,6 +142,7 @@ def _prefill_kernel(
                     mask=nd_mask, other=0.0)
         v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + h * stride_vh + offs_d[None, :] * stride_vd,
                     mask=nd_mask, other=0.0)
+        k, v = as_stored(k, k_scale, k_cache_ptr.dtype.element_ty, FP8), as_stored(v, v_scale, k_cache_ptr.dtype.element_ty, FP8)
         causal = (key_tok[None, :] <= tok[:, None]) & n_mask[None, :]
         m_i, l_i, acc = _online_softmax_step(q, k, v, causal, m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
@@ -159,7 +166,8 @@ def _tile_sizes(head_dim: int, group_size: int, max_query_len: int, elem_bytes: 
 
 def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
-                            max_query_len: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                            max_query_len: int, scale: float, out: torch.Tensor | None = None,
+                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of each request's new tokens over its cached context and themselves.
 
     The context (prefix hit or earlier chunks) is read from the cache through the block table;
@@ -169,7 +177,9 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
 
     Args:
         q: ``[T, Hq, D]`` fp16/bf16/fp32, any strides; k, v: ``[T, Hk, D]``, same dtype, ``Hq % Hk == 0``.
-        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype.
+        kv_cache: ``[2, num_blocks, block_size, Hk, D]``, same dtype, or float8 e4m3 with the layer's
+            ``k_scale``, ``v_scale`` (:mod:`.kv_quant`): the context read back as ``stored * scale``, the new
+            tokens' ``k``/``v`` rounded as the cache stores them, as the reference does.
         cu_seqlens_q: ``[B + 1]`` int32, request ``i`` owns rows ``[cu[i], cu[i+1])``.
         context_lens: ``[B]`` int32, tokens already cached before this step for each request.
         block_tables: ``[B, max_blocks]`` int32 physical block ids covering at least the context.
@@ -187,7 +197,7 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
     if k.shape != (num_tokens, num_kv_heads, head_dim) or v.shape != k.shape or cache_dim != head_dim:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit "
                          f"kv_cache {tuple(kv_cache.shape)}")
-    if num_heads % num_kv_heads or not (q.dtype == k.dtype == v.dtype == kv_cache.dtype):
+    if num_heads % num_kv_heads or not (q.dtype == k.dtype == v.dtype) or kv_cache.dtype not in (q.dtype, FP8_DTYPE):
         raise ValueError(f"need Hq % Hk == 0 and one dtype, got Hq={num_heads}, Hk={num_kv_heads}, "
                          f"{q.dtype}/{k.dtype}/{v.dtype}/{kv_cache.dtype}")
     batch_size = context_lens.shape[0]
@@ -205,11 +215,11 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
     grid = (triton.cdiv(max_query_len * group_size, block_m), batch_size, num_kv_heads)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _prefill_kernel[grid](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale * _LOG2E,
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale * _LOG2E, k_scale, v_scale,
         *q.stride(), *k.stride(), *v.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
         group_size, head_dim, block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_cache.dtype == FP8_DTYPE,
         num_warps=num_warps, num_stages=3 if q.element_size() == 2 else 2,
     )
     return out

@@ -19,7 +19,6 @@ AUTO_WINDOW_DEVICES = ("cuda",)
 from ..sched.policy import POLICIES
 from ..sched.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
-from ..attention import resolve_backend
 from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
 from ..errors import InvalidRequestError, ModelLoadError
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
@@ -213,15 +212,10 @@ class EngineArgs:
         return dict(num_scheduler_steps=AUTO_MAX_WINDOW if auto else 1, adaptive_windows=auto)
 
     def _check_kv_cache_dtype(self, dtype: torch.dtype, device: str) -> None:
-        """Raises InvalidRequestError for an unknown ``kv_cache_dtype``, an FP8 cache with the Triton
-        attention kernels, or on a GPU without float8 e4m3 (compute capability below 8.9)."""
+        """Raises InvalidRequestError for an unknown ``kv_cache_dtype``, or an FP8 cache on a GPU without
+        float8 e4m3 (compute capability below 8.9)."""
         if kv_cache_torch_dtype(self.kv_cache_dtype, dtype) != FP8_DTYPE or not device.startswith("cuda"):
             return
-        if resolve_backend(self.attention_backend, device) == "triton":
-            raise InvalidRequestError(
-                f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the PyTorch attention path only: the Triton "
-                "attention kernels do not read an FP8 cache yet; pass attention_backend='torch'.",
-                param="kv_cache_dtype")
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             raise InvalidRequestError(

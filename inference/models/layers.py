@@ -146,8 +146,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor | RotaryPositions, q: torch.Tensor, k: torch.Tensor,
                 cache_write: tuple | None = None):
-        """``cache_write``: ``(v, kv_cache, slot_mapping)``, also store the rotated keys and ``v`` in the paged
-        cache (one kernel on the Triton path; negative slots are skipped)."""
+        """``cache_write``: ``(v, kv_cache, slot_mapping[, k_scale, v_scale])``, also store the rotated keys and
+        ``v`` in the paged cache (one kernel on the Triton path; negative slots are skipped; the scales of an
+        FP8 cache, :mod:`inference.attention.kv_quant`)."""
         rows = positions if isinstance(positions, RotaryPositions) else None
         if use_triton_layers(q):
             from . import triton_layers
@@ -160,7 +161,8 @@ class RotaryEmbedding(nn.Module):
         k = k * rows.cos + k.roll(half, -1) * rows.sin_rotated
         if cache_write is not None:
             from ..attention.torch_ref import store_kv
-            v, kv_cache, slots = cache_write
+            v, kv_cache, slots, *scales = cache_write
+            k_scale, v_scale = scales or (1.0, 1.0)
             keep = slots >= 0
-            store_kv(k[keep], v[keep], kv_cache, slots[keep])
+            store_kv(k[keep], v[keep], kv_cache, slots[keep], k_scale, v_scale)
         return q, k

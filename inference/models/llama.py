@@ -57,7 +57,8 @@ class DecoderAttention(nn.Module):
         # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
         # kernel: one launch less a layer).
         fused_store = meta.backend == "triton"
-        q, k = self.rotary(rope, q, k, (v, kv_cache, meta.slot_mapping) if fused_store else None)
+        q, k = self.rotary(rope, q, k, (v, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+                           if fused_store else None)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store, k_scale=self.k_scale,
                               v_scale=self.v_scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.triton_cache import check_cache_write
+from ..attention.kv_quant import FP8_DTYPE
+from ..attention.triton_cache import check_cache_write, to_cache
 from ..quantization.fp8 import _MIN_SCALE, FP8_DTYPE, FP8_MAX, Fp8Activation
 from ..quantization.triton_fp8 import fp8_codes, fp8_row_scale
 
@@ -131,10 +132,12 @@ def _rotary_kernel(
     v_ptr,           # STORE_KV: [T, Hk, D] any strides
     k_cache_ptr, v_cache_ptr,  # STORE_KV: [num_blocks, block_size, Hk, D]: kv_cache[0], kv_cache[1]
     slot_ptr,        # STORE_KV: [T] int64 flat cache slot of each token; < 0: not stored (padding row)
+    k_scale, v_scale,  # STORE_KV with an FP8 cache: the layer's scales
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_cos, stride_sin,
     stride_vt, stride_vh, stride_vd, stride_cb, stride_cs, stride_ch, stride_cd,
     num_q_heads, num_k_heads, half_dim, block_size,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE_KV: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     # One program per token: x = [x1, x2] -> [x1*c1 - x2*s1, x2*c2 + x1*s2] (rotate-half layout).
     # STORE_KV: the rotated keys and the values also go to the token's paged-cache slot (store_kv_cache's
@@ -172,12 +175,13 @@ def _rotary_kernel(
         if slot >= 0:
             dst = ((slot // block_size) * stride_cb + (slot % block_size) * stride_cs + hk[:, None] * stride_ch
                    + cols[None, :] * stride_cd)
-            tl.store(k_cache_ptr + dst, k1, mask=mask)
-            tl.store(k_cache_ptr + dst + half_dim * stride_cd, k2, mask=mask)
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + dst, to_cache(k1, k_scale, cache_dtype, FP8), mask=mask)
+            tl.store(k_cache_ptr + dst + half_dim * stride_cd, to_cache(k2, k_scale, cache_dtype, FP8), mask=mask)
             src = v_ptr + token * stride_vt + hk[:, None] * stride_vh + cols[None, :] * stride_vd
-            tl.store(v_cache_ptr + dst, tl.load(src, mask=mask), mask=mask)
-            tl.store(v_cache_ptr + dst + half_dim * stride_cd, tl.load(src + half_dim * stride_vd, mask=mask),
-                     mask=mask)
+            tl.store(v_cache_ptr + dst, to_cache(tl.load(src, mask=mask), v_scale, cache_dtype, FP8), mask=mask)
+            tl.store(v_cache_ptr + dst + half_dim * stride_cd,
+                     to_cache(tl.load(src + half_dim * stride_vd, mask=mask), v_scale, cache_dtype, FP8), mask=mask)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -192,9 +196,9 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
         q: ``[T, Hq, D]``, k: ``[T, Hk, D]``, same dtype, any strides (views of a fused QKV output
             are fine); both are overwritten.
         cos, sin: ``[max_position, D]`` float32 tables (``RotaryEmbedding.cos`` / ``.sin``).
-        cache_write: ``(v [T, Hk, D], kv_cache [2, num_blocks, block_size, Hk, D], slot_mapping [T] int64)``:
-            also write the rotated keys and ``v`` into the paged cache in the same kernel, as
-            ``attention.triton_ops.store_kv_cache`` would (negative slots skipped).
+        cache_write: ``(v [T, Hk, D], kv_cache [2, num_blocks, block_size, Hk, D], slot_mapping [T] int64[,
+            k_scale, v_scale])``: also write the rotated keys and ``v`` into the paged cache in the same kernel,
+            as ``attention.triton_ops.store_kv_cache`` would (negative slots skipped; an FP8 cache's scales).
     Returns:
         ``(q, k)``, the same tensors, rotated.
     Raises:
@@ -208,20 +212,22 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     if positions.shape != (num_tokens,):
         raise ValueError(f"positions {tuple(positions.shape)} must be [{num_tokens}]")
     if cache_write is not None:
-        v, kv_cache, slot_mapping = cache_write
+        v, kv_cache, slot_mapping, *scales = cache_write
+        k_scale, v_scale = scales or (1.0, 1.0)
         check_cache_write(k, v, kv_cache, slot_mapping)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        cache_args = (v, k_cache, v_cache, slot_mapping)
+        cache_args = (v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        fp8 = kv_cache.dtype == FP8_DTYPE
         cache_strides = (*v.stride(), *k_cache.stride())
         block_size = kv_cache.shape[2]
     else:
-        cache_args, cache_strides, block_size = (q, q, q, positions), (0,) * 7, 1
+        cache_args, cache_strides, block_size, fp8 = (q, q, q, positions, 1.0, 1.0), (0,) * 7, 1, False
     if num_tokens:
         _rotary_kernel[(num_tokens,)](
             positions, q, k, cos, sin, *cache_args, *q.stride(), *k.stride(), cos.stride(0), sin.stride(0),
             *cache_strides, num_q_heads, k.shape[1], head_dim // 2, block_size,
             BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
-            BLOCK_HALF=triton.next_power_of_2(head_dim // 2), STORE_KV=cache_write is not None, num_warps=4)
+            BLOCK_HALF=triton.next_power_of_2(head_dim // 2), STORE_KV=cache_write is not None, FP8=fp8, num_warps=4)
     return q, k
 
 
