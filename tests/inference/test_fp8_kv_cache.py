@@ -94,3 +94,12 @@ def test_an_unknown_cache_dtype_names_the_parameter():
     with pytest.raises(InvalidRequestError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3") as info:
         LLM(kv_cache_dtype="int8", **ARGS)
     assert info.value.param == "kv_cache_dtype"
+
+
+def test_the_workers_cache_config_names_the_fp8_dtype(engines):
+    """What a worker's heartbeat reports for ``/metrics``' ``vllm:cache_config_info``."""
+    from webapp.serving.heartbeat_info import _cache_config
+
+    full, fp8 = engines
+    assert _cache_config(fp8.llm_engine)["cache_dtype"] == "fp8"
+    assert _cache_config(full.llm_engine)["cache_dtype"] == "auto"

@@ -42,6 +42,6 @@ def heartbeat_info(host: ModelHost, started: float, closing: bool) -> dict[str, 
 def _cache_config(engine) -> dict[str, Any]:
     """The engine's KV-cache settings, as vLLM's ``vllm:cache_config_info`` labels them."""
     cache, kv = engine.config.cache, engine.kv_cache_manager
-    return {"block_size": cache.block_size, "cache_dtype": "auto", "enable_prefix_caching": cache.enable_prefix_caching,
-            "gpu_memory_utilization": cache.gpu_memory_utilization, "num_gpu_blocks": kv.num_blocks,
+    return {"block_size": cache.block_size, "cache_dtype": cache.cache_dtype,
+            "enable_prefix_caching": cache.enable_prefix_caching, "gpu_memory_utilization": cache.gpu_memory_utilization, "num_gpu_blocks": kv.num_blocks,
             "num_cpu_blocks": kv.num_cpu_blocks, "swap_space": cache.swap_space}
