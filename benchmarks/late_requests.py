@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from step_profile import TritonCompileWatch
-from throughput import make_llm, make_workload, warm_up, write_result
+from throughput import add_workload_args, make_llm, make_workload, warm_up, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -189,23 +189,13 @@ def print_pass(name: str, res: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--load-format", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random",
-                        help="the flood, as throughput.py draws it")
-    parser.add_argument("--num-prompts", type=int, default=64, help="flood requests")
-    parser.add_argument("--input-len", type=int, default=0, help="fixed prompt length (0: uniform in [min, max])")
-    parser.add_argument("--output-len", type=int, default=0, help="fixed output length (0: uniform in [min, max])")
-    parser.add_argument("--min-len", type=int, default=16)
-    parser.add_argument("--max-len", type=int, default=256)
+    add_workload_args(parser)  # the flood: --num-prompts requests, drawn as throughput.py draws them
     parser.add_argument("--num-late", type=int, default=16)
     parser.add_argument("--late-input-len", type=int, default=128)
     parser.add_argument("--late-output-len", type=int, default=16)
     parser.add_argument("--late-start", type=float, default=0.25,
                         help="seconds from the moment no flood request waits to the first late arrival")
     parser.add_argument("--late-interval", type=float, default=0.25, help="seconds between late arrivals")
-    parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: flood + late requests")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-space", type=float, default=4.0, help="GiB of KV cache on CPU")

@@ -318,8 +318,8 @@ def run_alternating(args, prompts, outputs) -> dict:
             "device": engine.config.device, "dtype": str(engine.config.dtype), "hf_model_dir": engine.config.model_dir}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The model and the random workload's lengths, shared with the benchmarks that draw workloads here."""
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -329,6 +329,12 @@ def main() -> None:
     parser.add_argument("--min-len", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(parser)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
@@ -344,7 +350,6 @@ def main() -> None:
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random")
     parser.add_argument("--copy-gbps", type=float, default=4250.0, help="measured copy bandwidth (roofline)")
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
     parser.add_argument("--phase-timers", action="store_true", help="report host seconds per step phase")
