@@ -76,6 +76,7 @@ def make_llm(args, num_scheduler_steps: int | None = None) -> LLM:
                async_scheduling=getattr(args, "async_scheduling", None),
                enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
                quantization=getattr(args, "quantization", None),
+               kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
                num_scheduler_steps=num_scheduler_steps)
 
@@ -122,6 +123,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
                    "decode_step_ms": 1e3 * (engine.decode_step_seconds or 0), "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
+                   "kv_cache_dtype": engine.config.cache.cache_dtype, "num_gpu_blocks": engine.runner.num_blocks,
+                   "kv_cache_tokens": engine.runner.num_blocks * engine.config.cache.block_size,
                    "hf_config": engine.config.hf_config, "hf_model_dir": engine.config.model_dir,
                    "device": engine.config.device, "dtype": str(engine.config.dtype)})
     return result
@@ -347,6 +350,7 @@ def main() -> None:
                              "sizes windows itself); several values run one engine per value, in turn")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="awq | gptq | fp8 (dummy weights: random packed)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 | fp8_e4m3 (the KV cache's storage)")
     parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
     parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,7 @@
 #                    --num-scheduler-steps 8 (fixed windows)
 #   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
+#   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
 #                    caching off and on (prefix_caching.py --workloads batch)
@@ -117,7 +118,7 @@ for step in "$@"; do
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_fp8.py tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_w4a16.py \
       tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py \
-      tests/inference/test_triton_bitmask.py
+      tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
   w1) run_step w1 200 $TP $W1 --output-json "$(name w1)" ;;
   w1-fp8) run_step w1-fp8 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8)" ;;
@@ -126,6 +127,11 @@ for step in "$@"; do
   w2-floor) for b in 1 16 64; do run_step w2-floor-$b 150 $TP --model $M05 --num-prompts $b --input-len 100 \
       --output-len 1024 --max-model-len 2048 --num-scheduler-steps 8 --output-json "$(name w2-floor-$b)"; done ;;
   w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;
+  kv-fp8)
+    run_step w3-kv-auto 300 $TP $W3 --output-json "$(name w3-kv-auto)"
+    run_step w3-kv-fp8 300 $TP $W3 --kv-cache-dtype fp8 --output-json "$(name w3-kv-fp8)"
+    run_step w1-kv-fp8 200 $TP $W1 --kv-cache-dtype fp8 --output-json "$(name w1-kv-fp8)"
+    run_step w1-kv-auto 200 $TP $W1 --output-json "$(name w1-kv-auto)" ;;
   prefix-cost)
     for r in a b; do
       run_step w1-nopc-$r 200 $TP $W1 --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
