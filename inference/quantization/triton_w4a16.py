@@ -1,10 +1,16 @@
 """Triton W4A16 matmul: ``x [M, K] @ dequant(qweight) [K, N]`` with the int4 weights dequantized inside
 the kernel (no full-size copy of the weights is ever made).
 
-``w4a16_matmul`` is the entry point: up to ``MAX_DECODE_ROWS`` rows (decode) go to the split-K GEMV of
-``triton_w4a16_decode``; more rows (prefill) to the tiled GEMM here, which dequantizes a ``[128, BLOCK_N]``
-weight tile once per ``BLOCK_M`` rows and multiplies it with one ``tl.dot``. A layer whose rows carry their
-own group indices (``row_groups``: GPTQ act-order on a row-parallel rank) takes the GEMM at every M.
+``w4a16_matmul`` is the entry point, by the number of rows M:
+
+* up to ``MAX_DECODE_ROWS`` (decode): the split-K kernel of ``triton_w4a16_decode``;
+* from ``DEQUANT_MIN_ROWS`` on (prefill, mixed batches with a prompt chunk): the weights dequantized to
+  ``x.dtype`` in column chunks, then cuBLAS (``triton_w4a16_dequant``);
+* in between: the tiled GEMM here, which dequantizes a ``[128, BLOCK_N]`` weight tile once per ``BLOCK_M``
+  rows and multiplies it with one ``tl.dot``.
+
+A layer whose rows carry their own group indices (``row_groups``: GPTQ act-order on a row-parallel rank)
+takes the GEMM below ``DEQUANT_MIN_ROWS`` (the decode kernel reads one group per 16 rows).
 
 Reference, CPU path and test oracle: ``int4.Int4LinearMethod`` dequantizes with
 ``packing.dequantize_internal`` and calls ``torch.matmul``. Weights are in Tessera's internal K-tiled
@@ -23,6 +29,15 @@ import triton.language as tl
 
 from .packing import PACK_K
 from .triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
+from .triton_w4a16_dequant import dequant_matmul
+
+# Rows from which dequantize-then-cuBLAS beats the W4A16 GEMM kernel. Per weight, the dequantized copy
+# moves 2.5 bytes (0.5 read, 2 written; about 0.6 ps at the H200's 4,250 GB/s) while the product costs 2M
+# FLOPs: 2.5 ps per 1,000 rows at cuBLAS's 790 TFLOP/s, about 3x that through the GEMM kernel (prefill
+# through it made TTFT 2.4x bf16's). Break-even is then near 0.6 / (7.7 - 2.5) * 1,000 = 115 rows; at 2,048
+# rows the copy adds under 12% to cuBLAS's time. The sweep (benchmarks/w4a16_sweep.py) times both at
+# 64 and 256 rows; ``w4a16_matmul(dequant_min_rows=...)`` overrides it.
+DEQUANT_MIN_ROWS = 128
 
 
 @triton.jit
@@ -127,7 +142,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qze
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                  group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  counters: torch.Tensor | None = None, num_sms: int | None = None,
-                 row_groups: torch.Tensor | None = None) -> torch.Tensor:
+                 row_groups: torch.Tensor | None = None, dequant_min_rows: int = DEQUANT_MIN_ROWS) -> torch.Tensor:
     """``x [M, K] @ W [K, N] + bias`` with W the int4 weights, result ``[M, N]`` in ``x.dtype``.
 
     Args:
@@ -140,20 +155,26 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         num_sms: SMs to fill (default: the device's; fixed in tests under the interpreter).
         row_groups: ``[K]`` int32, the group of each row when rows are not sorted by group (GPTQ
             act-order on a row-parallel rank, ``perm`` None); ``G`` is then the full layer's groups.
+        dequant_min_rows: from this many rows on, dequantize then cuBLAS (``DEQUANT_MIN_ROWS``).
 
     Raises:
         ValueError: ``group_size`` not a multiple of 16.
     """
     if num_sms is None:
         num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 8
+    M = x.shape[0]
     # The decode kernels read one scale and zero point per 16-row slice of a K tile, which per-row groups
-    # (row_groups) break; those layers take the GEMM kernel, which reads a group per row, at any M.
-    if x.shape[0] <= MAX_DECODE_ROWS and row_groups is None:
+    # (row_groups) break; those layers take the GEMM kernel, which reads a group per row, below the
+    # dequantize path.
+    if M <= MAX_DECODE_ROWS and M < dequant_min_rows and row_groups is None:
         return w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, bias=bias, counters=counters,
                             num_sms=num_sms)
     if group_size % 16:
         raise ValueError(f"W4A16 kernel: group size {group_size} is not a multiple of 16")
     if perm is not None:
         x = x.index_select(1, perm)
-    out = w4a16_gemm(x, qweight, scales, qzeros, group_size, num_sms, row_groups)
+    if M >= dequant_min_rows:
+        out = dequant_matmul(x, qweight, scales, qzeros, group_size, row_groups)
+    else:
+        out = w4a16_gemm(x, qweight, scales, qzeros, group_size, num_sms, row_groups)
     return out if bias is None else out + bias.to(out.dtype)

@@ -1,5 +1,6 @@
-"""The Triton W4A16 kernels (split-K decode GEMV and tiled GEMM) against dequantize-then-matmul (their
-reference and the CPU path), on the AWQ and GPTQ layouts repacked at load.
+"""The Triton W4A16 kernels (split-K decode GEMV, tiled GEMM, and the dequantize kernel of the large-M
+path) against dequantize-then-matmul (their reference and the CPU path), on the AWQ and GPTQ layouts
+repacked at load.
 
 Without a CUDA device the kernels run in Triton's interpreter on tiny shapes.
 """
@@ -17,6 +18,8 @@ from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
 from inference.quantization.linear import QuantizedLinear  # noqa: E402
 from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
 from inference.quantization.triton_w4a16_decode import DecodeConfig, decode_config, w4a16_decode  # noqa: E402
+from inference.quantization import triton_w4a16_dequant  # noqa: E402
+from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
@@ -129,7 +132,7 @@ def _layer(method: str, K: int, N: int, group_size: int, desc_act: bool = False)
 
 
 @pytest.mark.parametrize("method, desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
-@pytest.mark.parametrize("M", [1, 17, 40])
+@pytest.mark.parametrize("M", [1, 17, 40, 130])  # decode kernel, GEMM, GEMM, dequantize + matmul
 def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, desc_act, M):
     """AWQ (interleaved nibbles) and GPTQ (with act-order's scattered groups) layers repacked at load
     give, through the kernels, the dense product of the checkpoint's weights plus the bias."""
@@ -150,7 +153,7 @@ def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, des
     torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("M", [5, 40])  # 5 rows would take the decode kernel, which cannot read per-row groups
+@pytest.mark.parametrize("M", [5, 40, 130])  # 5 rows would take the decode kernel, which cannot read per-row groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
     """A row-parallel rank of a GPTQ act-order layer: its 160 rows in checkpoint order (K-tiled, the second
@@ -170,3 +173,53 @@ def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
     expected = x.float() @ dense.to(dtype).float() + bias.float()
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
+
+
+# K 320: a partial last K tile; group 192 straddles tiles; 32 < 128 reads a group per row.
+@pytest.mark.parametrize("K, N, group_size", [(320, 96, 32), (384, 64, 192), (256, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_kernel_writes_the_reference_weights_in_linear_layout(K, N, group_size, dtype):
+    torch.manual_seed(K + N)
+    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
+    expected = dense.to(dtype).t()                                     # [N, K], nn.Linear's layout
+    assert torch.equal(dequantize_w4a16(qweight, scales, qzeros, group_size, K, dtype), expected)
+    part = dequantize_w4a16(qweight, scales, qzeros, group_size, K, dtype, n_start=64, n_end=N)
+    assert torch.equal(part, expected[64:])                            # a chunk of output columns
+
+
+def test_dequantize_kernel_reads_each_rows_group_for_act_order_shards():
+    torch.manual_seed(5)
+    K, N, num_groups = 160, 48, 8
+    codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
+    scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
+    zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
+    row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
+    out = dequantize_w4a16(packing.pack_ktiled(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
+                           32, K, torch.float32, row_groups=row_groups.to(DEVICE))
+    assert torch.equal(out.cpu(), packing.dequantize(codes, scales, zeros, row_groups).t())
+
+
+def test_dequant_matmul_in_column_chunks_matches_one_product(monkeypatch):
+    """A layer larger than the scratch limit is dequantized and multiplied 64 columns at a time."""
+    torch.manual_seed(7)
+    K, N = 256, 192
+    qweight, scales, qzeros, dense = _random_int4(K, N, 64)
+    x = torch.randn(9, K, device=DEVICE)
+    monkeypatch.setattr(triton_w4a16_dequant, "DEQUANT_CHUNK_BYTES", 64 * K * 4)
+    assert triton_w4a16_dequant.chunk_columns(N, K, 4) == 64
+    torch.testing.assert_close(dequant_matmul(x, qweight, scales, qzeros, 64), x @ dense, **TOL[torch.float32])
+
+
+def test_large_row_counts_take_the_dequantize_path_and_smaller_ones_the_kernels(monkeypatch):
+    """Rows from ``DEQUANT_MIN_ROWS`` on go through dequantize + matmul, fewer through the W4A16 kernels."""
+    from inference.quantization import triton_w4a16
+    calls = []
+    monkeypatch.setattr(triton_w4a16, "dequant_matmul", lambda *a, **k: calls.append("dequant") or dequant_matmul(*a, **k))
+    qweight, scales, qzeros, dense = _random_int4(128, 32, 128)
+    for M in (40, triton_w4a16.DEQUANT_MIN_ROWS):
+        x = torch.randn(M, 128, device=DEVICE)
+        torch.testing.assert_close(w4a16_matmul(x, qweight, scales, qzeros, 128, num_sms=4), x @ dense,
+                                   **TOL[torch.float32])
+    assert calls == ["dequant"]
+    w4a16_matmul(torch.randn(3, 128, device=DEVICE), qweight, scales, qzeros, 128, num_sms=4, dequant_min_rows=2)
+    assert calls == ["dequant", "dequant"]
