@@ -79,13 +79,15 @@ def report(name: str, fn, constexprs: dict, num_warps: int, num_stages: int, ove
 
 
 def main() -> None:
-    for block_m, block_n, warps in ((16, 128, 4), (16, 128, 8), (16, 64, 4), (32, 128, 4)):
+    for block_m, block_n, warps in ((16, 128, 4), (16, 256, 8), (16, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8)):
         common = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True,
                       MAGIC=0x4300, OFFSET=128.0, EVEN_K=True, EVEN_N=True)
         report(f"decode BM{block_m} BN{block_n} w{warps}", _w4a16_decode_kernel, dict(common, CHUNKS_PER_GROUP=8),
                warps, 4, weights_per_thread=16 * block_n * 8 // (32 * warps))
-        report(f"decode tile BM{block_m} BN{block_n} w{warps}", _w4a16_decode_tile_kernel, common, warps, 4,
-               weights_per_thread=16 * block_n * 8 // (32 * warps))
+        for zero_in_regs in (False, True):
+            report(f"decode tile{' zero-in-regs' if zero_in_regs else ''} BM{block_m} BN{block_n} w{warps}",
+                   _w4a16_decode_tile_kernel, dict(common, ZERO_IN_REGS=zero_in_regs, ASM=True), warps, 4,
+                   weights_per_thread=16 * block_n * 8 // (32 * warps))
     report("gemm BM64 BN128 (prefill)", _w4a16_kernel, dict(GROUP_SIZE=128, BLOCK_M=64, BLOCK_N=128,
                                                             DOT_PRECISION="tf32", ROW_GROUPS=False), 4, 3,
            {"out_ptr": "*fp32"})

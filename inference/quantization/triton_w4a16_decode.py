@@ -1,4 +1,4 @@
-"""Triton W4A16 decode kernel: ``x [M, K] @ dequant(qweight) [K, N] (+ bias)`` for few rows (M <= 32).
+"""Triton W4A16 decode kernel: ``x [M, K] @ dequant(qweight) [K, N] (+ bias)`` for few rows (M <= 64).
 
 Decode is a matrix-vector product bound by reading the int4 weights, so the kernel is built to stream
 them: each program owns a ``BLOCK_N``-wide output tile and a contiguous range of 128-row K tiles
@@ -22,10 +22,15 @@ removes the offset and the zero point (the x sums cost one add per x element). f
 (CPU tests, float32 models) subtract the offset per weight instead, exactly.
 
 For groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``, the default)
-unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile, with the tile's
-``sum(x)`` from a second MMA against an all-ones A: 3-15% faster than the eight 16-row chunks on the
-H200's 7B shapes at their best configs (``benchmarks/results/quant-kernels-sweep_h200_2026-12-01.json``, which
-also times both kernels built with mma.sync instead of wgmma: slower everywhere).
+unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile. By default it
+subtracts ``OFFSET + zero`` from each register of two codes with one packed ``sub.bf16x2`` / ``sub.f16x2``
+(inline PTX), leaving the exact integers ``code - zero``, so the MMA's result needs only the group's scale:
+one MMA per tile. Its first version took the tile's ``sum(x)`` from a second MMA against an all-ones A
+(kept as ``zero_in_regs=False``), which doubled the tensor-core work: at 32 rows and more that, not the
+weight bytes, bounded it (1.0x bf16's decode step at batch 32). Compiled for sm_90 the packed subtraction
+also drops the main loop from 4.1 to 3.4 instructions a weight at 16 rows and from 4.9 to 3.8 at 32
+(``benchmarks/compile_sm90.py``). The one-MMA-per-tile kernel with the all-ones MMA was 3-15% faster than
+the eight 16-row chunks on the H200's 7B shapes (``quant-kernels-sweep_h200_2026-12-01.json``).
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
@@ -41,6 +46,7 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +55,7 @@ import triton.language as tl
 
 from .packing import PACK_K
 
-MAX_DECODE_ROWS = 32  # rows (tokens) this kernel serves; more go to the prefill kernel
+MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
 # A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
 # 128.0 with a step of 1 (7 mantissa bits), float16 0x6400 is 1024.0 with a step of 1 (10 bits): OFFSET + c.
 _CODE_OFFSET = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
@@ -65,7 +71,7 @@ def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.c
         s = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
     z = ((zp >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
-    return s, z * s
+    return s, z * s, z
 
 
 @triton.jit
@@ -100,7 +106,7 @@ def _apply_group(acc, part, xs, scales_ptr, qzeros_ptr, t, i: tl.constexpr, offs
     # After the last chunk of a group: acc += s * part - s * (OFFSET + z) * sum(x of the group's rows).
     if (i + 1) % CHUNKS_PER_GROUP == 0:
         group = tl.minimum((t * 128 + (i + 1 - CHUNKS_PER_GROUP) * 16) // GROUP_SIZE, G - 1)
-        s, zs = _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N)
+        s, zs, _ = _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N)
         acc += part * s[:, None] - tl.sum(xs, axis=0)[None, :] * (OFFSET * s + zs)[:, None]
         part = tl.zeros(part.shape, dtype=tl.float32)
         xs = tl.zeros(xs.shape, dtype=tl.float32)
@@ -199,19 +205,47 @@ def _w4a16_decode_kernel(
 
 
 @triton.jit
-def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
+def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
+    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact), as
+    # one packed subtraction. ASM: the PTX instruction (compiled kernels); else the same bits computed
+    # element by element (Triton's interpreter, which runs no PTX).
+    if ASM:
+        if BF16:
+            out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            out = tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        dtype = tl.bfloat16 if BF16 else tl.float16
+        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
+        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
+        out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
+    return out
+
+
+@triton.jit
+def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
+                  BF16: tl.constexpr = False, ASM: tl.constexpr = False):
     # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
     # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
     # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
     # trailing axes and moving them into place is a relabelling of registers, not a data movement.
+    # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
+    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
     w = tl.reshape(words, (BLOCK_N, 2, 8))
     pairs = tl.join(tl.join(w & 0x000F000F, (w >> 4) & 0x000F000F),
                     tl.join((w >> 8) & 0x000F000F, (w >> 12) & 0x000F000F))      # [BN, h, p, j0, j1]
     if FP32:
         rows = tl.join(((pairs & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
                        ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
+        if zero is not None:
+            rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
     else:
         pairs = pairs | (MAGIC * 0x10001)
+        if zero is not None:
+            zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
+            pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
         rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
     return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
 
@@ -238,12 +272,14 @@ def _w4a16_decode_tile_kernel(
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, ASM: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
-    # The group's sum(x) comes from a second MMA with an all-ones A, so it lands in the accumulator's layout.
-    # Arguments as in _w4a16_decode_kernel.
+    # The offset and zero point come off either in registers (ZERO_IN_REGS: (OFFSET + code) - (OFFSET + zero)
+    # is the exact small integer code - zero, one packed subtraction per pair of weights, then one MMA) or
+    # after the MMA, with the group's sum(x) from a second MMA against an all-ones A (twice the tensor-core
+    # work, which bounds the kernel from about 32 rows on). Arguments as in _w4a16_decode_kernel.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -263,16 +299,24 @@ def _w4a16_decode_tile_kernel(
         else:
             words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
         w_ptrs += 16 * N
-        a = _tile_operand(words, MAGIC, BLOCK_N, xt.dtype == tl.float32)
-        ones = tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype)
-        if xt.dtype == tl.float32:
+        s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
+        if ZERO_IN_REGS:
+            if xt.dtype == tl.float32:
+                a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
+                acc += tl.dot(a, xt, input_precision="ieee") * s[:, None]
+            else:
+                a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM)
+                acc += tl.dot(a.to(xt.dtype, bitcast=True), xt) * s[:, None]        # a = code - zero, exact
+        elif xt.dtype == tl.float32:
+            a = _tile_operand(words, MAGIC, BLOCK_N, True)
+            ones = tl.full((BLOCK_N, 128), 1.0, tl.float32)
             part = tl.dot(a, xt, input_precision="ieee")
-            xsum = tl.dot(ones, xt, input_precision="ieee")
+            acc += part * s[:, None] - tl.dot(ones, xt, input_precision="ieee") * zs[:, None]
         else:
+            a = _tile_operand(words, MAGIC, BLOCK_N, False)
+            ones = tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype)
             part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                         # exact OFFSET + code
-            xsum = tl.dot(ones, xt)
-        s, zs = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
-        acc += part * s[:, None] - xsum * (OFFSET * s + zs)[:, None]
+            acc += part * s[:, None] - tl.dot(ones, xt) * (OFFSET * s + zs)[:, None]
         xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
@@ -349,30 +393,30 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 4
     tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
+    zero_in_regs: bool = True  # tile kernel: zero point subtracted before the MMA, not by a second MMA
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, fitted to the H200 sweep of the Qwen2.5-7B
-    shapes (``quant_kernels.py --sweep``; ``benchmarks/results/quant-kernels-sweep_h200_2026-12-01.json``):
-    the one-MMA-per-tile kernel, four warps (one warpgroup). Up to 16 rows, 64-column output tiles (128
-    for wide layers such as gate_up) and the K split the power of two nearest to about four programs per
-    SM; from 17 rows on, whose float32 partial sums cost twice as much, 64-column tiles split 4 ways (the
-    best or within 3% of it on all four shapes). At most 16 splits, each of at least three 128-row K tiles."""
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs: the one-MMA-per-tile kernel with the zero point
+    subtracted in registers, 128-column output tiles (64-column ones put the A operand through shared memory:
+    ``benchmarks/compile_sm90.py``), four warps (one warpgroup), and the K split the power of two nearest to
+    about four programs per SM up to 16 rows, two above (whose float32 partial sums cost more, and whose
+    accumulators leave room for fewer programs). At most 16 splits, each of at least three 128-row K tiles.
+    The H200 sweep of the previous kernel (``quant-kernels-sweep_h200_2026-12-01.json``) chose the same split
+    rule for its tiles; ``benchmarks/w4a16_sweep.py`` times this one's neighbours."""
     k_tiles = triton.cdiv(K, PACK_K)
-    if M <= 16:
-        block_n = 128 if N >= 16384 else 64
-        split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, block_n)))))
-    else:
-        block_n, split_k = 64, 4
+    block_n = 128
+    programs_per_sm = 4 if M <= 16 else 2
+    split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True)
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=True)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                  group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  counters: torch.Tensor | None = None, num_sms: int = 132,
                  config: DecodeConfig | None = None) -> torch.Tensor:
-    """``x [M, K] @ W [K, N] + bias`` for ``M <= 32``, W the int4 weights; result ``[M, N]`` in ``x.dtype``.
+    """``x [M, K] @ W [K, N] + bias`` for ``M <= 64``, W the int4 weights; result ``[M, N]`` in ``x.dtype``.
 
     Args:
         x: ``[M, K]`` float16/bfloat16/float32, unit column stride.
@@ -386,7 +430,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         num_sms: SMs to fill; config: launch parameters (default ``decode_config``).
 
     Raises:
-        ValueError: ``M > 32``, or ``group_size`` not a multiple of 16.
+        ValueError: ``M > 64``, or ``group_size`` not a multiple of 16.
     """
     M, K = x.shape
     N = qweight.shape[1]
@@ -396,7 +440,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    block_m = 16 if M <= 16 else 32
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,
                         "W4A16 decode kernel")
@@ -415,7 +459,8 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
-        kernel = _w4a16_decode_tile_kernel
+        kernel, meta["ZERO_IN_REGS"] = _w4a16_decode_tile_kernel, config.zero_in_regs
+        meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
     kernel[plan.grid](*args, **meta)

@@ -49,7 +49,8 @@ def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves
     assert torch.equal(packing.unpack_ktiled(packed, 200), codes)
 
 
-# K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks.
+# K 320 and 192 are not multiples of the 128-row tile; group 192 straddles tiles; M 17 takes 32-row blocks,
+# M 40 and 64 64-row blocks.
 @pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, block_n", [
     (1, 256, 64, 128, 1, torch.float32, 32),
     (1, 384, 80, 128, 2, torch.bfloat16, 64),
@@ -59,16 +60,20 @@ def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves
     (5, 384, 64, 192, 2, torch.bfloat16, 32),
     (32, 128, 32, 128, 1, torch.bfloat16, 32),
     (8, 256, 128, 256, 2, torch.float16, 128),
+    (40, 256, 64, 128, 2, torch.bfloat16, 64),
+    (64, 384, 32, 128, 2, torch.float16, 32),
 ])
-@pytest.mark.parametrize("tile_mma", [False, True])  # groups of 128 and 256 take the one-MMA-per-tile kernel
-def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, tile_mma):
+# groups of 128 and 256 take the one-MMA-per-tile kernel, its zero point subtracted in registers or by a second MMA
+@pytest.mark.parametrize("tile_mma, zero_in_regs", [(False, False), (True, False), (True, True)])
+def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, tile_mma,
+                                                      zero_in_regs):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
     expected = x.float() @ dense.to(dtype).float() + bias.float()
     out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias,
-                       config=DecodeConfig(block_n, split_k, tile_mma=tile_mma))
+                       config=DecodeConfig(block_n, split_k, tile_mma=tile_mma, zero_in_regs=zero_in_regs))
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
@@ -93,6 +98,7 @@ def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
     gate_up = decode_config(1, 37888, 3584, num_sms=132)
     assert o_proj.split_k > gate_up.split_k >= 1
     assert decode_config(32, 3584, 3584, num_sms=132).split_k < o_proj.split_k  # partial sums cost more
+    assert decode_config(64, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
     assert decode_config(1, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
 
 
@@ -132,7 +138,7 @@ def _layer(method: str, K: int, N: int, group_size: int, desc_act: bool = False)
 
 
 @pytest.mark.parametrize("method, desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
-@pytest.mark.parametrize("M", [1, 17, 40, 130])  # decode kernel, GEMM, GEMM, dequantize + matmul
+@pytest.mark.parametrize("M", [1, 17, 80, 130])  # decode kernel (twice), GEMM, dequantize + matmul
 def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, desc_act, M):
     """AWQ (interleaved nibbles) and GPTQ (with act-order's scattered groups) layers repacked at load
     give, through the kernels, the dense product of the checkpoint's weights plus the bias."""
@@ -153,7 +159,7 @@ def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, des
     torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("M", [5, 40, 130])  # 5 rows would take the decode kernel, which cannot read per-row groups
+@pytest.mark.parametrize("M", [5, 80, 130])  # 5 rows would take the decode kernel, which cannot read per-row groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
     """A row-parallel rank of a GPTQ act-order layer: its 160 rows in checkpoint order (K-tiled, the second
@@ -216,10 +222,27 @@ def test_large_row_counts_take_the_dequantize_path_and_smaller_ones_the_kernels(
     calls = []
     monkeypatch.setattr(triton_w4a16, "dequant_matmul", lambda *a, **k: calls.append("dequant") or dequant_matmul(*a, **k))
     qweight, scales, qzeros, dense = _random_int4(128, 32, 128)
-    for M in (40, triton_w4a16.DEQUANT_MIN_ROWS):
+    for M in (80, triton_w4a16.DEQUANT_MIN_ROWS):
         x = torch.randn(M, 128, device=DEVICE)
         torch.testing.assert_close(w4a16_matmul(x, qweight, scales, qzeros, 128, num_sms=4), x @ dense,
                                    **TOL[torch.float32])
     assert calls == ["dequant"]
     w4a16_matmul(torch.randn(3, 128, device=DEVICE), qweight, scales, qzeros, 128, num_sms=4, dequant_min_rows=2)
     assert calls == ["dequant", "dequant"]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the launches above compile the PTX path themselves")
+def test_decode_kernels_packed_subtraction_compiles_for_hopper():
+    """The interpreter runs the tile kernel's element-by-element stand-in for the packed PTX subtraction
+    (``ASM`` off); the PTX path (bfloat16 and float16) must compile for sm_90 too."""
+    from .triton_compile import compile_for_hopper, record_launches
+    qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
+    launches = []
+    for dtype in (torch.bfloat16, torch.float16):
+        with record_launches() as recorded:
+            w4a16_decode(torch.randn(2, 256).to(dtype), qweight, scales, qzeros, 128,
+                         config=DecodeConfig(128, 2, tile_mma=True, zero_in_regs=True))
+        for launch in recorded:
+            launch["args"]["ASM"] = {"const": True}
+        launches += recorded
+    compile_for_hopper(launches)
