@@ -26,6 +26,9 @@
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
+#   w4a16            the W4A16 paths (decode kernel, GEMM kernel, dequantize + cuBLAS) checked in fp16 and bf16 and
+#                    timed against bf16 on the Qwen2.5-7B linear shapes at 1-2,048 rows, with a few decode-kernel
+#                    configs (w4a16_sweep.py; about 3-4 minutes on a fresh machine)
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
 #   serving          W1 through `manage.py serve` (its default `--api-server-count`: 4 on 16 cores) and benchmarks/serving.py, then the offline
@@ -154,6 +157,7 @@ for step in "$@"; do
   kernels)
     run_step kernels 300 $PY benchmarks/kernel_bench.py --out "$(name kernels)"
     run_step launch-floor 120 $PY benchmarks/launch_floor.py --output-json "$(name launch-floor)" ;;
+  w4a16) run_step w4a16 270 $PY benchmarks/w4a16_sweep.py --output-json "$(name w4a16-sweep)" ;;
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"
     run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
