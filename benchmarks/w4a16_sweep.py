@@ -90,30 +90,13 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _ms(calls: list, device: str) -> float:
     """Milliseconds per call: replayed from one CUDA graph of ``calls``, median of 5 timings of 4 replays
     (CPU smoke runs: one wall-clock pass)."""
-    if device != "cuda":
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        return 1000 * (time.perf_counter() - start) / len(calls)
+    if device == "cuda":
+        from quant_kernels import _graph_ms
+        return _graph_ms(calls)
+    start = time.perf_counter()
     for call in calls:
         call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(4):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / (4 * len(calls)))
-    return sorted(times)[2]
+    return 1000 * (time.perf_counter() - start) / len(calls)
 
 
 def _previous_decode_config(M: int, N: int, K: int, num_sms: int):

@@ -159,6 +159,18 @@ def test_quantized_linear_through_the_kernels_matches_the_checkpoint(method, des
     torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
+def _act_order_shard(K: int = 160, N: int = 48, num_groups: int = 8):
+    """Internal-layout tensors ``(qweight, scales, qzeros, row_groups)`` of a row-parallel GPTQ act-order
+    shard (rows in checkpoint order, each pointing at one of ``num_groups`` groups of 32), and its dense
+    ``[K, N]`` float32 weights."""
+    codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
+    scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
+    zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
+    row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
+    tensors = (packing.pack_ktiled(codes), scales, packing.pack_cols(zeros), row_groups)
+    return tuple(t.to(DEVICE) for t in tensors), packing.dequantize(codes, scales, zeros, row_groups).to(DEVICE)
+
+
 @pytest.mark.parametrize("M", [5, 80, 130])  # 5 rows would take the decode kernel, which cannot read per-row groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
@@ -166,16 +178,11 @@ def test_w4a16_kernel_reads_each_rows_group_for_act_order_shards(M, dtype):
     tile partial) point at groups all over the full layer (8 groups of 32), whose scales and zero points
     it keeps whole."""
     torch.manual_seed(3)
-    K, N, num_groups = 160, 48, 8
-    codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
-    scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
-    zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
-    row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
-    dense = packing.dequantize(codes, scales, zeros, row_groups).to(DEVICE)
+    (qweight, scales, qzeros, row_groups), dense = _act_order_shard()
+    K, N = dense.shape
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
-    out = w4a16_matmul(x, packing.pack_ktiled(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
-                       32, bias=bias, num_sms=4, row_groups=row_groups.to(DEVICE))
+    out = w4a16_matmul(x, qweight, scales, qzeros, 32, bias=bias, num_sms=4, row_groups=row_groups)
     expected = x.float() @ dense.to(dtype).float() + bias.float()
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
@@ -195,14 +202,9 @@ def test_dequantize_kernel_writes_the_reference_weights_in_linear_layout(K, N, g
 
 def test_dequantize_kernel_reads_each_rows_group_for_act_order_shards():
     torch.manual_seed(5)
-    K, N, num_groups = 160, 48, 8
-    codes = torch.randint(0, 16, (K, N), dtype=torch.int32)
-    scales = (torch.rand(num_groups, N) * 0.01 + 0.001).half()
-    zeros = torch.randint(0, 16, (num_groups, N), dtype=torch.int32)
-    row_groups = torch.randint(0, num_groups, (K,), dtype=torch.int32)
-    out = dequantize_w4a16(packing.pack_ktiled(codes).to(DEVICE), scales.to(DEVICE), packing.pack_cols(zeros).to(DEVICE),
-                           32, K, torch.float32, row_groups=row_groups.to(DEVICE))
-    assert torch.equal(out.cpu(), packing.dequantize(codes, scales, zeros, row_groups).t())
+    (qweight, scales, qzeros, row_groups), dense = _act_order_shard()
+    out = dequantize_w4a16(qweight, scales, qzeros, 32, dense.shape[0], torch.float32, row_groups=row_groups)
+    assert torch.equal(out, dense.t())
 
 
 def test_dequant_matmul_in_column_chunks_matches_one_product(monkeypatch):
