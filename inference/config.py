@@ -55,6 +55,8 @@ class CacheConfig:
         swap_space: GiB of CPU memory (pinned on CUDA) for swapped-out blocks (preemption_mode "swap").
         cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` or ``"fp8_e4m3"`` (float8 e4m3 with
             per-layer scales, :mod:`inference.attention.kv_quant`).
+        calculate_kv_scales: with an FP8 cache and a checkpoint without KV scales, measure each layer's
+            scales in a calibration prefill at start-up (:mod:`inference.attention.kv_scales`); False: 1.0.
     """
 
     block_size: int = 16
@@ -63,6 +65,7 @@ class CacheConfig:
     enable_prefix_caching: bool = False
     swap_space: float = 0.0
     cache_dtype: str = "auto"
+    calculate_kv_scales: bool = True
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--kv-cache-dtype": ("kv_cache_dtype", {"default": "auto", "choices": ["auto", "fp8", "fp8_e4m3"],
                                             "help": "KV cache storage: auto (the model's dtype) or fp8 (e4m3, "
                                                     "per-layer scales: twice the tokens of a 16-bit cache)."}),
+    "--calculate-kv-scales": ("calculate_kv_scales", {
+        "action": argparse.BooleanOptionalAction, "default": True,
+        "help": "FP8 KV cache without scales in the checkpoint: measure them at start-up on a calibration "
+                "text (default); --no-calculate-kv-scales uses 1.0, as vLLM's default."}),
     "--swap-space": ("swap_space", {"type": float, "default": 0.0,
                                     "help": "CPU swap space per engine, GiB (with --preemption-mode swap)."}),
     "--preemption-mode": ("preemption_mode", {"default": "recompute", "choices": ["recompute", "swap"],

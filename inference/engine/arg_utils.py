@@ -60,6 +60,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     swap_space: float = 0.0
     kv_cache_dtype: str = "auto"
+    calculate_kv_scales: bool = True
     tensor_parallel_size: int = 1
     quantization: str | None = None
     enforce_eager: bool = False
@@ -192,7 +193,8 @@ class EngineArgs:
             served_model_name=self.served_model_name or self.model,
             cache=CacheConfig(block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
                               kv_cache_space=self.kv_cache_space, enable_prefix_caching=self.enable_prefix_caching,
-                              swap_space=self.swap_space, cache_dtype=self.kv_cache_dtype),
+                              swap_space=self.swap_space, cache_dtype=self.kv_cache_dtype,
+                              calculate_kv_scales=self.calculate_kv_scales),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
                                       enable_chunked_prefill=self.enable_chunked_prefill,

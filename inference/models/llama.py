@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention
+from ..attention.kv_scales import checkpoint_scale_target, record_amax, scale_value
 from ..distributed.process_group import TensorParallelGroup
 from .layers import RMSNorm, RotaryEmbedding, RotaryPositions, silu_and_mul
 from .parallel_layers import (SINGLE_RANK, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
@@ -43,7 +44,8 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary = rotary  # shared by all layers
         self.scale = self.head_dim ** -0.5
-        self.k_scale = self.v_scale = 1.0  # an FP8 KV cache's scales (inference.attention.kv_quant)
+        self.k_scale = self.v_scale = 1.0  # an FP8 KV cache's scales (inference.attention.kv_scales)
+        self.kv_amax: torch.Tensor | None = None  # [2] float32 while the scales are calibrated
 
     def forward(self, rope: RotaryPositions, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -54,6 +56,8 @@ class DecoderAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.kv_amax is not None:
+            record_amax(self.kv_amax, k, v)
         # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
         # kernel: one launch less a layer).
         fused_store = meta.backend == "triton"
@@ -133,6 +137,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.tp = tp
         self.model = DecoderModel(config, arch, max_position, tp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.kv_scales_from_checkpoint = False  # load_weights found an FP8 KV cache's scales
         if not self.tie_word_embeddings:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
 
@@ -168,6 +173,13 @@ class LlamaFamilyForCausalLM(nn.Module):
         loaded: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.tie_word_embeddings):
+                continue
+            kv_scale = checkpoint_scale_target(name)
+            if kv_scale is not None:  # an FP8 KV cache's scales (used only with one)
+                attention, which = kv_scale
+                for kind in which:
+                    setattr(self.get_submodule(attention), f"{kind}_scale", scale_value(tensor, name))
+                self.kv_scales_from_checkpoint = True
                 continue
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in _FUSED:

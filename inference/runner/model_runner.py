@@ -12,6 +12,7 @@ from ..config import EngineConfig
 from ..host_to_device import tensor_to_device
 from ..sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
+from ..attention import kv_scales
 from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
 from ..distributed.partition import head_partition
 from ..distributed.process_group import TensorParallelGroup
@@ -98,10 +99,28 @@ class ModelRunner:
         self.window_graphs = None
         self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
         self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
+        self.kv_scales = self._kv_scales(config)  # before the graphs capture them
         self.graph_memory_bytes = 0  # device memory the captured graphs took (their pools), measured at capture
         if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
             self._capture_graphs(config, tp)
         self._log_memory()
+
+    def _kv_scales(self, config: EngineConfig) -> str:
+        """Where an FP8 cache's per-layer scales come from (checkpoint, calibration or 1.0: see
+        :mod:`inference.attention.kv_scales`), calibrating them if need be; "" without an FP8 cache."""
+        if self.kv_dtype != FP8_DTYPE:
+            return ""
+        if getattr(self.model, "kv_scales_from_checkpoint", False):
+            return "from the checkpoint"
+        if not config.cache.calculate_kv_scales:
+            return "1.0 (--no-calculate-kv-scales)"
+        capacity = min(self.num_blocks * self.block_size, config.max_model_len)
+        token_ids = kv_scales.calibration_token_ids(config.tokenizer, min(capacity, kv_scales.CALIBRATION_TOKENS))
+        if not token_ids:
+            return "1.0 (no tokenizer to calibrate with)"
+        scales = kv_scales.calibrate(self.model, token_ids, self.kv_caches, self.block_size, self.device,
+                                     self.attention_backend)
+        return f"calibrated on {len(token_ids)} tokens: {kv_scales.describe(scales)}"
 
     def _capture_graphs(self, config: EngineConfig, tp: TensorParallelGroup) -> None:
         """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
@@ -144,6 +163,8 @@ class ModelRunner:
                     "maximum concurrency at max_model_len=%d: %.2fx",
                     self.weights_bytes / GiB, kv_bytes / GiB, str(self.kv_dtype).removeprefix("torch."),
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size, max_len, concurrency)
+        if self.kv_scales:
+            logger.info("FP8 KV cache scales %s", self.kv_scales)
         if self.num_cpu_blocks:
             logger.info("CPU swap space %.2f GiB = %d blocks", self.num_cpu_blocks * self.bytes_per_block / GiB,
                         self.num_cpu_blocks)
