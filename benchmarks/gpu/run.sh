@@ -54,7 +54,9 @@ DATE=$(date -u +%F)
 # .gpucache/COMMIT first: a copy of the tree on the host may carry a git repository of its own
 COMMIT=$(cat .gpucache/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')
+# the card's model ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200), else the name's last word
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{for (i = 1; i <= NF; i++)
+  if (tolower($i) ~ /^[a-z][0-9]+$/) { print tolower($i); exit } print tolower($NF)}')
 GPU=${GPU:-cpu}
 M05=.gpucache/qwen2.5-0.5b
 M7=.gpucache/qwen2.5-7b
