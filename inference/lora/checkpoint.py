@@ -105,7 +105,8 @@ def read_adapter_config(request: LoRARequest) -> dict:
     if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
         raise _fail(request, f"{CONFIG_FILE} needs a positive integer 'r' and a number 'lora_alpha'; got "
                              f"r={r!r}, lora_alpha={alpha!r}.")
-    unsupported = [name for name in ("use_dora", "fan_in_fan_out") if config.get(name)]
+    unsupported = [name for name in ("use_dora", "fan_in_fan_out", "lora_bias", "layer_replication",
+                                     "trainable_token_indices", "target_parameters") if config.get(name)]
     if config.get("bias", "none") != "none":
         unsupported.append(f"bias={config['bias']!r}")
     if config.get("modules_to_save"):

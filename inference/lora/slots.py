@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from ..request import Request
 from .checkpoint import LoRAAdapter
+
+if TYPE_CHECKING:
+    from ..request import Request
 
 
 class LoRASlots:
