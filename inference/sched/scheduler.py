@@ -174,7 +174,7 @@ class Scheduler:
         lora_active = None
         if self.lora_slots is not None and self.policy:  # some may wait behind the step's adapter limit
             lora_active = self.lora_slots.active_keys(self.running)
-            order = order if order is not None else iter(list(self.policy))
+            order = order if order is not None else iter(self.policy.in_order())
         while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.policy.peek() if order is None else next(order, None)
             if request is None:
