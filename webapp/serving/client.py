@@ -86,6 +86,8 @@ class EngineRequestSpec:
     tenant: str | None = None  # the tenant's slug: its GPU share in the engine's scheduler
     priority: int = 0
     cache_salt: str | None = None  # prefix-cache key, e.g. per tenant
+    lora_name: str | None = None  # the LoRA adapter it runs with, None: the base model
+    lora_path: str | None = None  # that adapter's folder, as registered
 
 
 class GenerationStream:
@@ -136,7 +138,7 @@ class GenerationStream:
         self.reply = self._router.open(self._deliver)
         now = time.time()
         requests = [QueuedRequest(r.rid, self.reply, self.model, r.prompt_token_ids, r.params, now, r.tenant,
-                                  r.priority, r.cache_salt) for r in self.requests]
+                                  r.priority, r.cache_salt, r.lora_name, r.lora_path) for r in self.requests]
         self._queued = {r.rid: r for r in requests}
         self._queues, self._epoch, began = await enqueue(get_redis(), self.model, requests)
         if began:  # Redis is new or lost its data: the workers need the tenants' shares again
