@@ -351,13 +351,18 @@ _background: set[asyncio.Future] = set()  # aborts and share republishing, refer
 
 
 def republish_shares() -> None:
-    """Write the tenants' GPU shares to Redis again, in the background (from the database; for a
-    Redis that lost them in a restart). Returns at once."""
+    """Write the tenants' GPU shares and the registered LoRA adapters to Redis again, in the background (from
+    the database; for a Redis that lost them in a restart). Returns at once."""
     from asgiref.sync import sync_to_async  # noqa: PLC0415
 
     from tenants.shares import publish  # noqa: PLC0415 (the tenants app imports the serving layer)
+    from webapp.catalog.lora import publish as publish_adapters  # noqa: PLC0415
 
-    task = asyncio.ensure_future(sync_to_async(publish, thread_sensitive=False)())
+    def publish_both() -> None:
+        publish()
+        publish_adapters()
+
+    task = asyncio.ensure_future(sync_to_async(publish_both, thread_sensitive=False)())
     _background.add(task)  # kept referenced until done
     task.add_done_callback(_background.discard)
     task.add_done_callback(_retrieve)
