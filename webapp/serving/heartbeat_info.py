@@ -41,12 +41,13 @@ def heartbeat_info(host: ModelHost, started: float, closing: bool) -> dict[str, 
 
 
 def _lora_info(adapters) -> dict[str, Any] | None:
-    """The engine's LoRA limits and its start-up adapters (``--lora-modules``), None when LoRA is off: the web
-    processes list those adapters as models and check ranks against ``max_lora_rank``."""
+    """The engine's LoRA limits, its start-up adapters (``--lora-modules``: the web processes list them as
+    models) and the names of the adapters it has loaded; None when LoRA is off."""
     if not adapters.enabled:
         return None
     return {"max_loras": adapters.max_loras, "max_lora_rank": adapters.max_lora_rank,
-            "modules": [{"name": m.lora_name, "path": m.lora_path} for m in adapters.startup.values()]}
+            "modules": [{"name": m.lora_name, "path": m.lora_path} for m in adapters.startup.values()],
+            "loaded": list(adapters.loaded)}
 
 
 def _cache_config(engine) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class EngineAdapters:
         self.startup: dict[str, LoRARequest] = {m.lora_name: m for m in (lora.modules if lora else ())}
         self._by_name: dict[str, LoRARequest] = dict(self.startup)
         self._next_id = max((m.lora_int_id for m in self.startup.values()), default=0) + 1
+        self.loaded: tuple[str, ...] = tuple(sorted(self.startup))  # replaced whole: other threads read it
 
     def request_for(self, name: str, path: str) -> LoRARequest:
         """The ``LoRARequest`` a request for adapter ``name`` at ``path`` runs with; a new id when the
@@ -56,6 +57,7 @@ class EngineAdapters:
         request = LoRARequest(name, self._next_id, path)
         self._next_id += 1
         self._by_name[name] = request
+        self.loaded = tuple(sorted(self._by_name))
         return request
 
     def add(self, name: str, path: str) -> None:
@@ -73,6 +75,7 @@ class EngineAdapters:
             if known is None or known.lora_path != path:  # forget the id the refused adapter got
                 self._by_name.pop(name, None)
             raise
+        self.loaded = tuple(sorted(self._by_name))
 
     def remove(self, name: str) -> bool:
         """Unload a runtime adapter (requests already queued with it still run); False when unknown here.
@@ -80,6 +83,7 @@ class EngineAdapters:
         if name in self.startup:
             return False
         request = self._by_name.pop(name, None)
+        self.loaded = tuple(sorted(self._by_name))
         return request is not None and self.engine.remove_lora(request.lora_int_id)
 
     def sync(self, registered: dict[str, str]) -> None:
@@ -99,6 +103,3 @@ class EngineAdapters:
             except InvalidRequestError as error:
                 logger.warning("LoRA adapter %s from %s not loaded: %s", name, path, error)
 
-    def names(self) -> list[str]:
-        """Every adapter this engine knows (start-up and runtime), sorted."""
-        return sorted(self._by_name)
