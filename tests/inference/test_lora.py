@@ -4,6 +4,7 @@ requests of two adapters and of the base model mixed in one batch; one slot shar
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -99,7 +100,7 @@ def test_one_slot_two_adapters_lru_eviction(adapters):
         seen_waiting.update(stats.lora_waiting_adapters)
     assert [tokens[str(i)] for i in range(len(prompts))] == expected
     assert seen_running == {"a", "b"} and seen_waiting  # one adapter waited while the other ran
-    assert engine.scheduler.lora_slots.resident().values() == {0: 0}.values()
+    assert list(engine.scheduler.lora_slots.resident().values()) == [0]  # the one slot, holding the last adapter
     _assert_no_leak(llm)
 
 
@@ -151,7 +152,7 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     for request, param, message in cases:
         for call in (lambda: engine.add_lora(request),
                      lambda: engine.add_request("x", adapters["prompts"][0], params, lora_request=request)):
-            with pytest.raises(InvalidRequestError, match=message) as info:
+            with pytest.raises(InvalidRequestError, match=re.escape(message)) as info:
                 call()
             assert info.value.param == param
     with pytest.raises(InvalidRequestError) as info:
