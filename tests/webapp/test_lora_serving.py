@@ -155,6 +155,12 @@ def test_a_tenants_adapter_is_refused_to_another_tenant_with_404_and_served_to_i
     row = Usage.objects.get(tenant=team_a)
     assert (row.model, row.requests, row.completion_tokens) == ("a-only", 1, NUM_TOKENS)
     assert not Usage.objects.filter(tenant=team_b, model="a-only", requests__gt=0, completion_tokens__gt=0).exists()
+    from dashboard.access import Viewer
+    from dashboard.adapter_usage import adapter_usage_today
+
+    rows = {r.name: r for r in adapter_usage_today(Viewer("operator", True, frozenset(), None))}
+    assert (rows["a-only"].tenant, rows["a-only"].requests) == (team_a.slug, 1)
+    assert "a-only" not in {r.name for r in adapter_usage_today(Viewer("b", False, frozenset({team_b.slug}), None))}
     assert _manage(s, "lora_adapter", "remove", "a-only").returncode == 0
 
 
@@ -224,3 +230,19 @@ def test_runtime_loading_is_off_unless_the_operator_turns_it_on(lora_stack, tmp_
         assert "startup" in _models(off)  # serving adapters needs no runtime loading
     finally:
         off.stop()
+
+
+def test_serve_passes_the_lora_flags_to_its_workers():
+    import argparse
+
+    from webapp.cli import add_engine_arguments, engine_args_from_options, engine_argv
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    flags = ["--enable-lora", "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}', "--lora-modules", "c=/z",
+             "--max-loras", "2", "--max-lora-rank", "32", "--max-cpu-loras", "4"]
+    args = engine_args_from_options(vars(parser.parse_args(flags)))
+    assert (args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras) == (True, 2, 32, 4)
+    assert args.lora_modules == ["a=/x", '{"name": "b", "path": "/y"}', "c=/z"]
+    assert engine_args_from_options(vars(parser.parse_args(engine_argv(args)))) == args
+    assert [m.lora_name for m in args.create_engine_config().lora.modules] == ["a", "b", "c"]
