@@ -11,6 +11,7 @@ from django.shortcuts import render
 from webapp.serving.recent_stats import RATE_WINDOW, WINDOW
 
 from .access import viewer_for, visible_snapshot
+from .adapter_usage import adapter_usage_today
 from .served_shares import WINDOW as SHARE_WINDOW
 from .stats_poller import stats_poller
 
@@ -30,7 +31,10 @@ def dashboard_context(request: HttpRequest) -> dict:
 
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/overview.html", dashboard_context(request))
+    """The overview, with each LoRA adapter's requests today (as of the page load)."""
+    context = dashboard_context(request)
+    context["adapters"] = adapter_usage_today(viewer_for(request.user))
+    return render(request, "dashboard/overview.html", context)
 
 
 @login_required

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import InvalidRequestError
+from .lora.config import LoRAConfig
 from .quantization.config import QuantizationConfig
 
 _DTYPES = {
@@ -123,6 +124,7 @@ class EngineConfig:
     served_model_name: str | None = None
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    lora: LoRAConfig | None = None  # None: LoRA adapters are off (no enable_lora)
 
     @property
     def max_model_len(self) -> int:

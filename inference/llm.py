@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from .engine import EngineArgs, LLMEngine
 from .errors import InvalidRequestError
+from .lora.request import LoRARequest
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import RequestOutputKind, SamplingParams
 from .validation import normalize_chat_messages, validate_text
@@ -47,7 +48,8 @@ class LLM:
     def generate(self, prompts: str | Sequence[str] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, *, prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 priority: Sequence[int] | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+                 priority: Sequence[int] | None = None, cache_salt: str | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Generate completions for all prompts, batched continuously; returns outputs in prompt order.
 
         Args:
@@ -56,6 +58,8 @@ class LLM:
             use_tqdm: show a progress bar when there is more than one prompt.
             priority: one priority per prompt (lower runs earlier; needs ``scheduling_policy="priority"``).
             cache_salt: prefix-cache key of these prompts (see ``LLMEngine.add_request``).
+            lora_request: the LoRA adapter of every prompt, or a list with one per prompt (None: the base
+                model); needs ``enable_lora=True``.
         ``prompts`` may also hold vLLM's prompt dicts, ``{"prompt": text}`` or ``{"prompt_token_ids": ids}``;
         ``prompt_token_ids`` is a list of token-id lists (or one list for one prompt).
 
@@ -73,13 +77,15 @@ class LLM:
                                           param="sampling_params")
         if priority is not None and len(priority) != len(inputs):
             raise InvalidRequestError("priority must have one value per prompt.", param="priority")
-        ids = self._add_all(inputs, params_list, priority=priority, cache_salt=cache_salt)
+        ids = self._add_all(inputs, params_list, priority=priority, cache_salt=cache_salt,
+                            lora_requests=_per_prompt(lora_request, len(inputs)))
         return self._run(ids, use_tqdm and len(ids) > 1)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             lora_request: LoRARequest | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of ``{"role", "content"}``) or a list of them,
-        formatted with the model's chat template (or ``chat_template``).
+        formatted with the model's chat template (or ``chat_template``), with the LoRA adapter ``lora_request``.
 
         Raises:
             InvalidRequestError: the tokenizer has no chat template and none was given (param ``chat_template``).
@@ -98,11 +104,13 @@ class LLM:
         for prompt in prompts:
             validate_text(prompt, "messages")
         token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        ids = self._add_all(token_ids, [sampling_params or SamplingParams()] * len(token_ids), texts=prompts)
+        ids = self._add_all(token_ids, [sampling_params or SamplingParams()] * len(token_ids), texts=prompts,
+                            lora_requests=_per_prompt(lora_request, len(token_ids)))
         return self._run(ids, use_tqdm and len(ids) > 1)
 
     def _add_all(self, inputs: list, params_list: list[SamplingParams], texts: list[str] | None = None,
-                 priority: Sequence[int] | None = None, cache_salt: str | None = None) -> list[str]:
+                 priority: Sequence[int] | None = None, cache_salt: str | None = None,
+                 lora_requests: list[LoRARequest | None] | None = None) -> list[str]:
         engine = self.llm_engine
         ids: list[str] = []
         final_only: dict[int, SamplingParams] = {}  # one output per request: its text is decoded once, at the end
@@ -114,7 +122,8 @@ class LLM:
                 request_id = str(self._next_id)
                 self._next_id += 1
                 engine.add_request(request_id, prompt, params, prompt_text=texts[i] if texts else None,
-                                   priority=priority[i] if priority else 0, cache_salt=cache_salt)
+                                   priority=priority[i] if priority else 0, cache_salt=cache_salt,
+                                   lora_request=lora_requests[i] if lora_requests else None)
                 ids.append(request_id)
         except Exception:
             engine.abort_request(ids, report=False)  # nothing of this call stays queued
@@ -142,6 +151,20 @@ class LLM:
                 output.text = "".join(texts[request_id][output.index])
             out.outputs.sort(key=lambda o: o.index)
         return [results[i] for i in ids]
+
+
+def _per_prompt(lora_request, num_prompts: int) -> list | None:
+    """One LoRA request (or None) per prompt, from one for all or a list of them.
+
+    Raises:
+        InvalidRequestError: a list whose length is not the number of prompts (``param="lora_request"``).
+    """
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts if lora_request is not None else None
+    if not isinstance(lora_request, (list, tuple)) or len(lora_request) != num_prompts:
+        raise InvalidRequestError(f"lora_request must be one LoRARequest or a list of them, one per prompt "
+                                  f"({num_prompts}).", param="lora_request")
+    return list(lora_request)
 
 
 def _prompt_inputs(prompts, prompt_token_ids) -> list:

@@ -12,6 +12,7 @@ import time
 import torch
 
 from .sampling_params import SamplingParams
+from .lora.checkpoint import LoRAAdapter
 from .structured_output.compiler import GrammarState
 
 
@@ -52,11 +53,14 @@ class Request:
         generator: per-request ``torch.Generator`` when ``sampling_params.seed`` is set.
         tenant_id: the tenant whose GPU share the request runs on (None: the engine's own).
         grammar: its place in the grammar its output must match (structured output), or None.
+        lora_adapter: the LoRA adapter it runs with, or None (the base model); its ``key`` is one more key
+            of the block hashes, so requests of different adapters never share blocks.
     """
 
     def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, max_tokens: int, arrival_time: float | None = None,
-                 priority: int = 0, cache_salt: str | None = None, tenant_id: str | None = None) -> None:
+                 priority: int = 0, cache_salt: str | None = None, tenant_id: str | None = None,
+                 lora_adapter: LoRAAdapter | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id
         self.index = index
@@ -81,10 +85,20 @@ class Request:
         self.first_token_time: float | None = None
         self.generator: torch.Generator | None = None
         self.grammar: GrammarState | None = None
+        self.lora_adapter = lora_adapter
         if sampling_params.seed is not None:
             self.generator = torch.Generator()
             # One stream per sample, from the request's seed (any int in SamplingParams.SEED_RANGE).
             self.generator.manual_seed((sampling_params.seed * 1000003 + index) % (1 << 64))
+
+    @property
+    def lora_key(self) -> str | None:
+        """The key of its LoRA adapter's weights (None: the base model)."""
+        return None if self.lora_adapter is None else self.lora_adapter.key
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora_adapter is None else self.lora_adapter.lora_name
 
     @property
     def num_prompt_tokens(self) -> int:

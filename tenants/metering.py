@@ -43,13 +43,14 @@ class Meter:
         self.admission: Admission | None = None
         self.finished = False
 
-    def use_model(self, model: str) -> None:
-        """The request is for served model ``model``.
+    def use_model(self, model: str, base_model: str | None = None) -> None:
+        """The request is for ``model``: a served model, or a LoRA adapter of ``base_model``. Usage and counters
+        name ``model`` (the adapter, for an adapter).
 
         Raises:
-            TenantError: 403 ``model_not_allowed`` when the tenant may not use it.
+            TenantError: 403 ``model_not_allowed`` when the tenant may not use the (base) model.
         """
-        self.caller.check_model(model)
+        self.caller.check_model(base_model or model)
         self.model = model
 
     async def admit(self, request_id: str, model: str, prompt_tokens: int, completion_tokens: int = 0,

@@ -31,10 +31,15 @@ def use_redis(url: str) -> None:
     _redis_url = url
 
 
+def redis_url() -> str:
+    """The Redis that tenants and adapters are published to: :func:`use_redis`'s, else the settings'."""
+    return _redis_url or settings.CELERY_BROKER_URL
+
+
 def publish(client: redis.Redis | None = None) -> bool:
     """Write the active tenants' shares to Redis and bump the version; False when Redis is unreachable
     or the database is not migrated (logged; the next change or web start publishes again)."""
-    url = _redis_url or settings.CELERY_BROKER_URL
+    url = redis_url()
     client = client or redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
     try:
         rows = list(Tenant.objects.filter(active=True).values_list("slug", "gpu_share", "priority"))

@@ -59,6 +59,15 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                               "of a decode-only batch (multi-step scheduling; "
                                                               "default: the engine sizes windows of up to 8 "
                                                               "steps from the measured step time on a GPU)."}),
+    "--enable-lora": ("enable_lora", {"action": "store_true", "help": "Serve LoRA adapters (docs/lora_serving.md)."}),
+    "--lora-modules": ("lora_modules", {"nargs": "+", "action": "extend", "default": None, "metavar": "NAME=PATH",
+                                        "help": "LoRA adapters served from the start, each 'name=path' or JSON "
+                                                "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}' "
+                                                "(several after one flag, or the flag repeated)."}),
+    "--max-loras": ("max_loras", {"type": int, "default": 1, "help": "LoRA adapters in one batch."}),
+    "--max-lora-rank": ("max_lora_rank", {"type": int, "default": 16, "help": "The largest LoRA rank accepted."}),
+    "--max-cpu-loras": ("max_cpu_loras", {"type": int, "default": None,
+                                          "help": "LoRA adapters kept in host memory (default: --max-loras)."}),
 }
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp", "--quantization": "-q"}
 
@@ -116,6 +125,8 @@ def engine_argv(args: EngineArgs) -> list[str]:
             argv += [flag] if value else []
         elif kwargs.get("action") is argparse.BooleanOptionalAction:
             argv += [] if value is None else [flag if value else "--no-" + flag[2:]]
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)] if value else []
         elif value is not None:
             argv += [flag, str(value)]
     return argv

@@ -14,6 +14,7 @@ worker); a deployment sets them itself.
 ``TESSERA_API_KEY``            when set, requests need ``Authorization: Bearer <key>``.
 ``TESSERA_KEY_ONLY``           ``1``: every API request needs a valid key (tenant or deployment).
 ``TESSERA_SHARE_PREFIX_CACHE`` ``1``: tenants share cached prompt prefixes (default: a salt per tenant).
+``TESSERA_ALLOW_RUNTIME_LORA_UPDATING`` ``1``: ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` are served.
 ``TESSERA_ALLOWED_ORIGINS``    CORS: JSON list of origins browsers may call the API from (default ``["*"]``).
 ``TESSERA_ALLOWED_METHODS``    CORS: JSON list of methods (default ``["*"]``).
 ``TESSERA_ALLOWED_HEADERS``    CORS: JSON list of request headers (default ``["*"]``).
@@ -49,6 +50,7 @@ class ServingEnv:
     api_key: str | None
     key_only: bool
     share_prefix_cache: bool
+    allow_runtime_lora_updating: bool
     allowed_origins: tuple[str, ...]
     allowed_methods: tuple[str, ...]
     allowed_headers: tuple[str, ...]
@@ -72,6 +74,7 @@ class ServingEnv:
             api_key=environ.get("TESSERA_API_KEY") or None,
             key_only=environ.get("TESSERA_KEY_ONLY", "") in ("1", "true", "True"),
             share_prefix_cache=environ.get("TESSERA_SHARE_PREFIX_CACHE", "") in ("1", "true", "True"),
+            allow_runtime_lora_updating=environ.get("TESSERA_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
             allowed_origins=json_list(environ, "TESSERA_ALLOWED_ORIGINS"),
             allowed_methods=json_list(environ, "TESSERA_ALLOWED_METHODS"),
             allowed_headers=json_list(environ, "TESSERA_ALLOWED_HEADERS"),

@@ -7,7 +7,9 @@ and present, so a worker that stops or restarts never makes them go backwards. E
 ``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
 reads as a counter reset). Rendered with ``prometheus_client``.
 
-``vllm:cache_config_info`` (value 1) carries each live worker's KV-cache settings as labels.
+``vllm:cache_config_info`` (value 1) carries each live worker's KV-cache settings as labels;
+``vllm:lora_requests_info`` (value: the time of the last heartbeat) the LoRA adapters of each model's
+running and waiting requests over its workers, comma-separated, and ``max_lora``, as vLLM's.
 Tessera's own series: ``tessera:num_workers``, GPU utilization and memory per device and
 worker (``tessera:gpu_utilization_perc`` 0-1, ``tessera:gpu_memory_used_bytes``; NVML,
 only where workers have GPUs, see :mod:`webapp.serving.devices`), and per-tenant counters
@@ -129,6 +131,7 @@ class WorkersCollector:
                     cache.add_metric([model, worker["id"], *(str(worker["cache_config"].get(k, ""))
                                                              for k in CACHE_CONFIG_LABELS)], 1.0)
         yield cache
+        yield self._lora_info()
         yield self._gauge("vllm:cpu_cache_usage_perc", "CPU-cache (swap space) usage. 1 means 100 percent usage.",
                           _usage("num_cpu_blocks", "num_free_cpu_blocks"))
         for name, (field, doc) in COUNTERS.items():
@@ -145,6 +148,19 @@ class WorkersCollector:
         yield success
         for short, doc in HISTOGRAMS.items():
             yield self._histogram("vllm:" + short, doc, short)
+
+    def _lora_info(self) -> GaugeMetricFamily:
+        family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        for model, workers in self.by_model.items():
+            stats = [w["stats"] for w in workers if w["stats"].get("max_lora")]
+            if not stats:
+                continue
+            running = sorted({name for s in stats for name in s.get("lora_running_adapters", ())})
+            waiting = sorted({name for s in stats for name in s.get("lora_waiting_adapters", ())})
+            family.add_metric([model, str(max(s["max_lora"] for s in stats)), ",".join(waiting), ",".join(running)],
+                              max(w.get("time", 0.0) for w in workers))
+        return family
 
     def _gauge(self, name: str, doc: str, value) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -20,7 +20,8 @@ from ..sched.policy import POLICIES
 from ..sched.scheduler import PREEMPTION_MODES
 from ..distributed.partition import check_quantized_tensor_parallel_size, check_tensor_parallel_size
 from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
-from ..errors import InvalidRequestError, ModelLoadError
+from ..errors import InvalidRequestError, ModelLoadError, NotSupportedYetError
+from ..lora.config import MAX_LORA_RANK_LIMIT, LoRAConfig, parse_lora_modules
 from ..model_loader import check_architecture, is_dummy_only, load_hf_config, resolve_model
 from ..quantization import resolve_quantization
 from ..quantization.fp8 import check_fp8_supported
@@ -38,7 +39,10 @@ class EngineArgs:
     (vLLM's ``num_gpu_blocks_override``). ``async_scheduling=None`` turns scheduling ahead on
     on a GPU (any number of tensor-parallel ranks). ``num_scheduler_steps``
     (1 to 64, one rank) runs that many decode steps per scheduling of a decode-only batch
-    (:mod:`inference.sched.decode_windows`).
+    (:mod:`inference.sched.decode_windows`). ``enable_lora`` serves LoRA adapters (docs/lora.md):
+    ``max_loras`` in one batch, of rank up to ``max_lora_rank``, ``max_cpu_loras`` (default
+    ``max_loras``) kept loaded in host memory; ``lora_modules`` are loaded at start (``"name=path"`` or
+    vLLM's JSON form, ids 1, 2, ... in order).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -68,6 +72,11 @@ class EngineArgs:
     served_model_name: str | None = None
     async_scheduling: bool | None = None
     num_scheduler_steps: int | None = None
+    enable_lora: bool = False
+    lora_modules: list | tuple | None = None
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -144,6 +153,32 @@ class EngineArgs:
         if self.load_format not in ("auto", "dummy"):
             raise InvalidRequestError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.",
                                       param="load_format")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if not self.enable_lora:
+            if self.lora_modules:
+                raise InvalidRequestError("lora_modules needs enable_lora=True (--enable-lora).", param="enable_lora")
+            return
+        if self.max_loras < 1:
+            raise InvalidRequestError(f"max_loras must be at least 1, got {self.max_loras}.", param="max_loras")
+        if not 1 <= self.max_lora_rank <= MAX_LORA_RANK_LIMIT:
+            raise InvalidRequestError(f"max_lora_rank must be between 1 and {MAX_LORA_RANK_LIMIT}, got "
+                                      f"{self.max_lora_rank}.", param="max_lora_rank")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise InvalidRequestError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                                      f"({self.max_loras}).", param="max_cpu_loras")
+        if self.quantization is not None:
+            raise NotSupportedYetError("LoRA adapters on a quantized model are not supported yet (enable_lora with "
+                                       f"quantization={self.quantization!r}).")
+
+    def _lora_config(self) -> LoRAConfig | None:
+        """The LoRA limits and start-up adapters (None without ``enable_lora``)."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras or self.max_loras,
+                          modules=parse_lora_modules(self.lora_modules))
 
     def create_engine_config(self) -> EngineConfig:
         """Resolve the model, its config and all limits.
@@ -184,6 +219,10 @@ class EngineArgs:
                 f"max_num_batched_tokens={batched} is smaller than max_model_len={max_model_len}; "
                 "enable chunked prefill or raise max_num_batched_tokens.", param="max_num_batched_tokens")
         self._check_kv_cache_dtype(dtype, device)
+        lora = self._lora_config()
+        if lora is not None and quant_config is not None:
+            raise NotSupportedYetError("LoRA adapters on a quantized model are not supported yet (enable_lora with "
+                                       f"a {quant_config.method} checkpoint).")
         return EngineConfig(
             model=self.model, tokenizer=str(resolved.tokenizer_dir), model_dir=str(resolved.model_dir),
             hf_config=hf_config, dtype=dtype, device=device, load_format=self.load_format, seed=self.seed,
@@ -202,6 +241,7 @@ class EngineArgs:
                                       preemption_mode=self.preemption_mode,
                                       async_scheduling=self._async_scheduling(device),
                                       **self._decode_windows(device)),
+            lora=lora,
         )
 
     def _decode_windows(self, device: str) -> dict:

@@ -21,6 +21,9 @@ from ..sched.scheduler import Scheduler
 from ..sched.scheduler_output import SchedulerOutput, SchedulerUpdate
 from ..errors import InvalidRequestError
 from ..kv_cache import KVCacheManager
+from ..lora.registry import LoRARegistry
+from ..lora.request import LoRARequest
+from ..lora.slots import LoRASlots
 from ..model_loader import load_tokenizer
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
@@ -62,6 +65,11 @@ class EngineStats:
     # ITERATION_TOKEN_BUCKETS, then +Inf) and their sum
     iteration_tokens_counts: tuple[int, ...] = ()
     iteration_tokens_sum: int = 0
+    # vLLM's vllm:lora_requests_info: the adapters (names, sorted) of running and of waiting requests, and
+    # max_loras (0 when LoRA is off)
+    lora_running_adapters: tuple[str, ...] = ()
+    lora_waiting_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 def make_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
@@ -93,12 +101,18 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, num_kv_blocks: int | None = None) -> None:
         self.config = config
+        self.lora_registry: LoRARegistry | None = None
+        if config.lora is not None:  # the start-up adapters are checked before the model loads
+            self.lora_registry = LoRARegistry(config.lora, config.hf_config)
+            for module in config.lora.modules:
+                self.lora_registry.add(module)
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.runner = make_runner(config, num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
                                                enable_prefix_caching=config.cache.enable_prefix_caching,
                                                num_cpu_blocks=self.runner.num_cpu_blocks)
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager,
+                                   LoRASlots(config.lora.max_loras) if config.lora is not None else None)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, config.hf_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._grammar_compiler: GrammarCompiler | None = None
@@ -137,7 +151,8 @@ class LLMEngine:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt_text: str | None = None,
-                    cache_salt: str | None = None, tenant_id: str | None = None) -> str:
+                    cache_salt: str | None = None, tenant_id: str | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Queue a request; returns its id (generated when ``request_id`` is None).
 
         Args:
@@ -148,10 +163,11 @@ class LLMEngine:
             cache_salt: prefix-cache key: requests share cached blocks only with requests of the
                 same salt (one per tenant keeps tenants from hitting, or timing, each other's prompts).
             tenant_id: whose GPU share the request runs on (see :meth:`set_tenant_shares`).
+            lora_request: the LoRA adapter to run with (loaded first when it is not, see :meth:`add_lora`).
         Raises:
             InvalidRequestError: a duplicate id, ``params`` not a ``SamplingParams``, a prompt/params outside
-                the limits, a priority that is not an integer, or other than 0 under the ``fcfs`` policy
-                (nothing is queued).
+                the limits, a priority that is not an integer, or other than 0 under the ``fcfs`` policy,
+                a ``lora_request`` without ``enable_lora`` or whose adapter does not load (nothing is queued).
         """
         request_id = request_id if request_id is not None else str(next(self._counter))
         if not isinstance(params, SamplingParams):
@@ -166,12 +182,13 @@ class LLMEngine:
         else:
             text, token_ids = prompt_text, [int(t) for t in prompt]
         max_tokens = validate_prompt(token_ids, params, self.max_model_len, self.runner.vocab_size)
+        adapter = None if lora_request is None else self._lora_registry(lora_request).get(lora_request)
         params = params.clone(eos_token_ids=self.eos_token_ids)
         children = []
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             children.append(Request(child_id, request_id, index, token_ids, params, max_tokens,
-                                    arrival_time, priority, cache_salt, tenant_id))
+                                    arrival_time, priority, cache_salt, tenant_id, adapter))
         self.output_processor.add_request(request_id, text, token_ids, children)
         if params.structured_outputs is not None:
             compiled = self.grammar_compiler.compile(params.structured_outputs)
@@ -182,6 +199,45 @@ class LLMEngine:
                 return request_id
         self.scheduler.add_request(children[0], followers=children[1:])  # one prefill for all n samples
         return request_id
+
+    # ---- LoRA adapters -----------------------------------------------------------------
+    def _lora_registry(self, lora_request) -> LoRARegistry:
+        if self.lora_registry is None:
+            raise InvalidRequestError(f"lora_request {getattr(lora_request, 'lora_name', lora_request)!r}: LoRA is "
+                                      "not enabled; start the engine with enable_lora=True (--enable-lora).",
+                                      param="lora_request")
+        return self.lora_registry
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a LoRA adapter into host memory (checked against the model), as vLLM's ``add_lora``; the least
+        recently used one is evicted beyond ``max_cpu_loras``. Returns False when it was already loaded.
+
+        Raises:
+            InvalidRequestError: LoRA is off, the id is loaded under another name or path, or the adapter does
+                not load or fit (the parameter and the limit named; nothing changes).
+        """
+        return self._lora_registry(lora_request).add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter from host memory; False when it was not loaded (or LoRA is off). Requests already
+        queued with it still run with it."""
+        return self.lora_registry is not None and self.lora_registry.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded in host memory (empty when LoRA is off)."""
+        return set() if self.lora_registry is None else self.lora_registry.ids()
+
+    def _lora_stats(self) -> dict:
+        if self.config.lora is None:
+            return {}
+        running = {r.lora_name for r in self.scheduler.running if r.lora_adapter is not None}
+        waiting = {r.lora_name for r in self.scheduler.requests.values()
+                   if r.lora_adapter is not None and r.status != RequestStatus.RUNNING}
+        parents = self.output_processor.parents
+        waiting.update(parents[rid].children[0].lora_name for rid in self._awaiting_grammar
+                       if rid in parents and parents[rid].children[0].lora_adapter is not None)
+        return dict(lora_running_adapters=tuple(sorted(running)), lora_waiting_adapters=tuple(sorted(waiting)),
+                    max_lora=self.config.lora.max_loras)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -383,4 +439,4 @@ class LLMEngine:
                            num_cpu_blocks=kv.num_cpu_blocks, num_free_cpu_blocks=kv.num_free_cpu_blocks,
                            cpu_kv_cache_usage=kv.cpu_usage,
                            iteration_tokens_counts=tuple(self.iteration_tokens.counts),
-                           iteration_tokens_sum=self.iteration_tokens.sum)
+                           iteration_tokens_sum=self.iteration_tokens.sum, **self._lora_stats())

@@ -1,7 +1,7 @@
 """Content hashes of full KV blocks, chained from the first block, for automatic prefix caching.
 
 A block's hash covers its parent block's hash, its ``block_size`` token ids and extra keys
-(the request's cache salt, later a LoRA or adapter id), so two blocks have the same hash only
+(the request's cache salt, its LoRA adapter's key), so two blocks have the same hash only
 when the whole prefix up to and including them is the same (vLLM's automatic prefix caching,
 after SGLang's RadixAttention: Zheng et al., "SGLang", 2024). SHA-256 keeps collisions out of
 reach: a collision would serve one prompt's keys and values to another.
@@ -17,7 +17,8 @@ BlockHash = bytes  # 32-byte SHA-256 digest
 _ROOT = bytes(32)  # the parent of a request's first block
 
 
-def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None) -> BlockHash:
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None,
+                      lora_key: str | None = None) -> BlockHash:
     """The hash of one full block.
 
     Args:
@@ -25,6 +26,8 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_
         token_ids: the block's ``block_size`` token ids.
         cache_salt: extra key that separates caches (per tenant); only the first block carries
             it, the chain carries it on to the rest.
+        lora_key: the key of the request's LoRA adapter (its weights' digest), carried like the salt: the
+            same tokens under another adapter have other keys and values.
     Returns:
         32 bytes.
     """
@@ -33,14 +36,19 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_
     if cache_salt is not None:
         salt = cache_salt.encode("utf-8")
         digest.update(b"\x01" + len(salt).to_bytes(8, "little") + salt)
+    if lora_key is not None:
+        key = lora_key.encode("utf-8")
+        digest.update(b"\x02" + len(key).to_bytes(8, "little") + key)
     return digest.digest()
 
 
 def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                        num_blocks: int, cache_salt: str | None = None) -> None:
+                        num_blocks: int, cache_salt: str | None = None, lora_key: str | None = None) -> None:
     """Append to ``block_hashes`` the hashes of blocks ``len(block_hashes) .. num_blocks - 1`` of
     ``token_ids`` (each block must be full: ``num_blocks * block_size <= len(token_ids)``)."""
     for index in range(len(block_hashes), num_blocks):
         parent = block_hashes[-1] if block_hashes else None
         tokens = token_ids[index * block_size:(index + 1) * block_size]
-        block_hashes.append(hash_block_tokens(parent, tokens, cache_salt if index == 0 else None))
+        first = index == 0
+        block_hashes.append(hash_block_tokens(parent, tokens, cache_salt if first else None,
+                                              lora_key if first else None))

@@ -134,7 +134,7 @@ class KVCacheManager:
 
     def _hash_blocks(self, request: Request, num_blocks: int) -> None:
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, num_blocks,
-                            request.cache_salt)
+                            request.cache_salt, request.lora_key)
 
     # ---- allocation ----------------------------------------------------------------------
     def blocks_needed(self, request: Request, num_new_tokens: int) -> int:

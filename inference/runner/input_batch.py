@@ -49,6 +49,7 @@ class HostBatch:
     tables: list[list[int]]    # B block tables (unpadded)
     logits_rows: np.ndarray    # [N] int64
     prompt_rows: dict[str, tuple[int, list[int]]]
+    token_slots: np.ndarray | None = None  # [T] int32 LoRA slot of each token (-1: none); None: no adapter runs
 
 
 def padded_block_tables(tables: list[list[int]], dtype=np.int32) -> np.ndarray:
@@ -101,7 +102,19 @@ def host_batch(out: SchedulerOutput, block_size: int, ahead: bool = False) -> Ho
                 prompt_rows[req.request_id] = (start, scored)
     slots = block_of_token * block_size + positions % block_size
     return HostBatch(np.asarray(input_ids, dtype=np.int64), positions, slots, starts.astype(np.int32),
-                      contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows)
+                      contexts.astype(np.int32), tables, np.asarray(logits_rows, dtype=np.int64), prompt_rows,
+                      _token_slots(out, counts))
+
+
+def _token_slots(out: SchedulerOutput, counts: np.ndarray) -> np.ndarray | None:
+    """``[T]`` int32 LoRA slot of each token row (-1 for requests without an adapter), from each
+    request's slot (``out.lora_slots``) repeated over its ``counts`` tokens; None when no adapter runs."""
+    if not out.lora_slots:
+        return None
+    slot_of = out.lora_slots
+    per_request = np.fromiter((slot_of.get(item.request.lora_key, -1) for item in out.scheduled), dtype=np.int32,
+                              count=len(out.scheduled))
+    return np.repeat(per_request, counts)
 
 
 def _decode_ahead_batch(out: SchedulerOutput, block_size: int) -> HostBatch:
@@ -117,7 +130,7 @@ def _decode_ahead_batch(out: SchedulerOutput, block_size: int) -> HostBatch:
     slots = block_of_token * block_size + contexts % block_size
     rows = np.arange(num_reqs, dtype=np.int64)
     return HostBatch(np.zeros(num_reqs, dtype=np.int64), contexts, slots, np.arange(num_reqs + 1, dtype=np.int32),
-                     contexts.astype(np.int32), tables, rows, {})
+                     contexts.astype(np.int32), tables, rows, {}, _token_slots(out, np.ones(num_reqs, np.int64)))
 
 
 def device_inputs(host: HostBatch, block_size: int, device: str, backend: str = "torch",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from ..attention import kv_scales
 from ..attention.kv_quant import FP8_DTYPE, kv_cache_torch_dtype
 from ..distributed.partition import head_partition
 from ..distributed.process_group import TensorParallelGroup
+from ..lora.checkpoint import LoRAAdapter
 from ..model_loader import iter_weights
 from ..models import build_model
 from ..models.parallel_layers import SINGLE_RANK
@@ -41,6 +42,8 @@ class StepPlan:
         batch: the step's flattened inputs; None when no request runs (block operations only).
         ahead: a decode step scheduled ahead: its input ids are the previous step's tokens, on rank 0's
             device; rank 0 broadcasts them to the other ranks.
+        lora_loads: ``(slot, adapter)`` LoRA weights to copy into the device slots before the step (each rank
+            takes its part; the adapters travel to the other ranks in the plan, only when a slot changes).
     """
 
     blocks_to_swap_out: list[tuple[int, int]]
@@ -48,6 +51,7 @@ class StepPlan:
     blocks_to_swap_in: list[tuple[int, int]]
     batch: HostBatch | None
     ahead: bool = False
+    lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -72,6 +76,7 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = build_model(hf, config.dtype, self.device, config.max_model_len, weights,
                                  check_fits=device_memory_check(config), quant_config=config.quant_config, tp=tp)
+        self.lora = self._wrap_lora(config)
         self.vocab_size = hf.vocab_size
         self.num_layers = hf.num_hidden_layers
         num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
@@ -79,6 +84,8 @@ class ModelRunner:
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.block_size = config.cache.block_size
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if self.lora is not None:
+            self.weights_bytes += self.lora.num_bytes
         self.kv_dtype = kv_cache_torch_dtype(config.cache.cache_dtype, config.dtype)
         self.bytes_per_block = bytes_per_block(config, self.num_layers, self.num_kv_heads, self.head_dim)
         self.num_blocks = tp.min_over_ranks(num_kv_blocks or kv_sizing_num_blocks(
@@ -122,10 +129,21 @@ class ModelRunner:
                                      self.attention_backend)
         return f"calibrated on {len(token_ids)} tokens: {kv_scales.describe(scales)}"
 
+    def _wrap_lora(self, config: EngineConfig):
+        """With LoRA on, wrap the model's projections with their adapter slots (:mod:`inference.lora.layers`)."""
+        if config.lora is None:
+            return None
+        from ..lora.layers import LoRAModel  # noqa: PLC0415
+        sched = config.scheduler
+        return LoRAModel(self.model, config.lora.max_loras, config.lora.max_lora_rank,
+                         max(sched.max_num_batched_tokens, sched.max_num_seqs), config.dtype, self.device)
+
     def _capture_graphs(self, config: EngineConfig, tp: TensorParallelGroup) -> None:
         """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
         graphs); log how long that took and the device memory it took, as vLLM does."""
         started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
+        if self.lora is not None:  # the graphs launch the LoRA kernels in every step, with adapters or not
+            self.lora.batch.static = True
         from . import window_graph  # noqa: PLC0415
         from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
         max_blocks = -(-config.max_model_len // self.block_size)
@@ -207,7 +225,7 @@ class ModelRunner:
         """The step's host-side description (block operations and flattened inputs)."""
         batch = host_batch(sched_out, self.block_size, ahead) if with_batch and not sched_out.is_empty else None
         return StepPlan(sched_out.blocks_to_swap_out, sched_out.blocks_to_copy, sched_out.blocks_to_swap_in, batch,
-                        ahead and batch is not None)
+                        ahead and batch is not None, sched_out.lora_loads)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, sched_out: SchedulerOutput | None = None,
@@ -226,8 +244,12 @@ class ModelRunner:
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
         self._apply_block_ops(plan)
+        if plan.lora_loads:
+            self.lora.load(plan.lora_loads)
         if plan.batch is None:
             return None
+        if self.lora is not None:
+            self.lora.prepare(plan.batch.token_slots)
         if plan.ahead and self.tp is not None and self.tp.world_size > 1:  # rank 0's tokens to every rank
             if input_ids is None:
                 input_ids = torch.empty(len(plan.batch.input_ids), dtype=torch.int64, device=self.device)

@@ -51,6 +51,10 @@ class SchedulingPolicy(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def in_order(self) -> list[Request]:
+        """The queued requests in the order they are admitted (``peek`` first)."""
+        return list(self)
+
     def __bool__(self) -> bool:
         return len(self) > 0
 
@@ -128,6 +132,9 @@ class PriorityPolicy(SchedulingPolicy):
 
     def __iter__(self) -> Iterator[Request]:
         return (entry[3] for entry in self._heap)
+
+    def in_order(self) -> list[Request]:
+        return [entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3])]
 
     def __len__(self) -> int:
         return len(self._heap)

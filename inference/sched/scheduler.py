@@ -10,7 +10,9 @@ prompt plus the tokens it has generated (recompute), or, with ``preemption_mode=
 blocks are copied to the CPU swap space and back when it resumes (recompute when the swap space
 is full). With prefix caching, a request being admitted starts after its longest cached prefix
 (a preempted one usually finds its own blocks). Parallel samples of one prompt are prefilled
-once and fork (:mod:`.parallel_sampling`).
+once and fork (:mod:`.parallel_sampling`). With LoRA, a waiting request whose adapter would make the
+running requests use more than ``max_loras`` adapters waits, and the ones behind it are still
+admitted; each step's adapters get device slots (:mod:`inference.lora.slots`).
 
 After each step, :meth:`Scheduler.update_from_output` alone updates the requests: it advances
 ``num_computed_tokens``, appends the sampled tokens and finishes the requests whose token ids end
@@ -23,6 +25,7 @@ import time
 
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
+from ..lora.slots import LoRASlots
 from ..request import Request, RequestStatus
 from .decode_windows import reserve_window, rows_ahead, window_size
 from .fair_share import FairShare
@@ -38,9 +41,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 class Scheduler:
     """Decides which requests run in each step and how many tokens each computes."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 lora_slots: LoRASlots | None = None) -> None:
         self.config = config
         self.kv = kv_cache_manager
+        self.lora_slots = lora_slots  # None: LoRA is off
         self.policy = make_policy(config.scheduling_policy)
         self.running: list[Request] = []
         self.parallel = ParallelSampling()  # parallel samples waiting for their prompt's prefill
@@ -113,7 +118,12 @@ class Scheduler:
             self._reserve_window(out)
         ops = self.kv.take_block_ops()
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
+        self._assign_lora_slots(out)
         return out
+
+    def _assign_lora_slots(self, out: SchedulerOutput) -> None:
+        if self.lora_slots is not None:
+            out.lora_slots, out.lora_loads = self.lora_slots.assign(item.request for item in out.scheduled)
 
     def _reserve_window(self, out: SchedulerOutput, num_pending: int = 0) -> None:
         """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
@@ -161,8 +171,19 @@ class Scheduler:
             # served alone meanwhile owes nothing when the others return (not every step: the hot path).
             self.fair_share.observe((), self.running)
         self._observed_running = len(self.running)
+        lora_active = None
+        if self.lora_slots is not None and self.policy:  # some may wait behind the step's adapter limit
+            lora_active = self.lora_slots.active_keys(self.running)
+            order = order if order is not None else iter(self.policy.in_order())
         while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.policy.peek() if order is None else next(order)
+            request = self.policy.peek() if order is None else next(order, None)
+            if request is None:
+                break
+            if lora_active is not None:
+                if not self.lora_slots.admits(request, lora_active):
+                    continue  # its adapter would exceed max_loras: it waits, the next may run
+                if request.lora_adapter is not None:
+                    lora_active.add(request.lora_adapter.key)
             num_new = self._allocate_waiting(request, budget)
             if num_new == 0:
                 break
@@ -253,6 +274,7 @@ class Scheduler:
             self._reserve_window(out, num_pending=prev.num_steps)
         ops = self.kv.take_block_ops()
         out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
+        self._assign_lora_slots(out)
         return out
 
     # ---- after a step ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..lora.checkpoint import LoRAAdapter
 from ..request import Request, RequestStatus
 
 
@@ -49,6 +50,8 @@ class SchedulerOutput:
         input_rows: of a step scheduled ahead with multi-step scheduling, the rows of the
             previous step's last sampled tokens that are this step's inputs, when some of its
             requests have left the batch (None: every row, in order).
+        lora_slots: LoRA adapter key -> the device slot it uses in this step (empty without adapters).
+        lora_loads: ``(slot, adapter)`` pairs the runner copies into its slot weights before the step.
     The runner makes the block operations in that order, before the forward pass.
     """
 
@@ -59,6 +62,8 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     num_steps: int = 1
     input_rows: list[int] | None = None
+    lora_slots: dict[str, int] = field(default_factory=dict)
+    lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -22,6 +22,7 @@ from webapp.env import ENV
 from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
 
 from . import formatting
+from .adapters import Adapter
 from .errors import APIError, no_worker, queue_unreachable, unavailable
 from .protocol import GenerationOptions
 from .tools import ToolExtractor, tool_call_delta_json, tool_call_json
@@ -64,9 +65,10 @@ class Generation:
     """
 
     def __init__(self, chat: bool, model: str, options: GenerationOptions, prompts: list[Prompt],
-                 meter: Meter | None = None, vocab_size: int | None = None) -> None:
+                 meter: Meter | None = None, vocab_size: int | None = None, lora: Adapter | None = None) -> None:
         """``vocab_size``: the tokenizer's, against which ``logit_bias`` and ``stop_token_ids`` are checked here,
-        so that a streamed request gets its 400 too rather than an error event after a 200.
+        so that a streamed request gets its 400 too rather than an error event after a 200. ``lora``: the LoRA
+        adapter the call runs with on ``model`` (its base model); the responses and the usage name the adapter.
 
         Raises:
             APIError: 400 naming a sampling parameter out of range (before any per-choice
@@ -75,6 +77,8 @@ class Generation:
         self.chat = chat
         self.meter = meter
         self.model = model
+        self.lora = lora
+        self.model_name = lora.name if lora is not None else model  # what the client called
         self.options = options
         self.prompts = prompts
         self.base_params = options.sampling_params()  # validates every field once
@@ -109,6 +113,9 @@ class Generation:
         if not workers:
             raise no_worker(self.model)
         max_model_len = min(int(w["max_model_len"]) for w in workers)
+        if self.lora is not None and not any(w.get("lora") for w in workers):  # a 400 before a stream starts
+            raise APIError(f"The model '{self.lora.name}' is a LoRA adapter of '{self.model}', whose workers serve "
+                           "no adapters (start them with --enable-lora).", 400, param="model")
         if all(w.get("scheduling_policy") == "fcfs" for w in workers):  # a 400 before a stream starts
             try:
                 validate_priority(self.options.priority, "fcfs")
@@ -122,9 +129,10 @@ class Generation:
                 raise self.options.api_error(error) from None
             params = self.base_params.clone(max_tokens=max_tokens)  # valid: validate_prompt checked max_tokens
             specs.append(EngineRequestSpec(f"{self.id}-{p}", prompt.token_ids, params, self._tenant_slug,
-                                           self.options.priority, self._cache_salt))
+                                           self.options.priority, self._cache_salt,
+                                           self.lora.name if self.lora else None, self.lora.path if self.lora else None))
         if self.meter is not None:
-            cap = await self.meter.admit(self.id, self.model, sum(len(p.token_ids) for p in self.prompts),
+            cap = await self.meter.admit(self.id, self.model_name, sum(len(p.token_ids) for p in self.prompts),
                                          self.n * sum(spec.params.max_tokens for spec in specs),
                                          self.n * len(specs))
             if cap is not None:  # what is left of the tenant's daily budget (at least 1 token)
@@ -158,7 +166,7 @@ class Generation:
         self._end(None)
         choices = [self._full_choice(c) for c in self.choices.values()]
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": self._usage()}
+                "created": self.created, "model": self.model_name, "choices": choices, "usage": self._usage()}
 
     def _full_choice(self, c: ChoiceState) -> dict[str, Any]:
         prompt = self.prompts[c.prompt_index]
@@ -219,7 +227,7 @@ class Generation:
                 self._end(None)
                 if self.options.include_usage:
                     last.append(formatting.sse({"id": self.id, "object": self._chunk_object, "created": self.created,
-                                                "model": self.model, "choices": [], "usage": self._usage()}))
+                                                "model": self.model_name, "choices": [], "usage": self._usage()}))
         except (WorkerLost, ServerStopping, RedisError) as error:
             self._end("unavailable")
             if isinstance(error, ServerStopping):  # abort now: the event loop ends soon after
@@ -245,7 +253,7 @@ class Generation:
         choice.update(logprobs=logprobs, finish_reason=finish_reason)
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
-        chunk = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+        chunk = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model_name,
                  "choices": [choice]}
         if self.options.include_usage:
             chunk["usage"] = self._choice_usage(c) if self.options.continuous_usage else None

@@ -70,4 +70,9 @@ async def resolve_served_model(name: str | None) -> ServedModel:
     entry = await CatalogModel.objects.filter(name=name).afirst()
     if entry is not None:
         return ServedModel(entry.name, entry.source)
-    raise APIError(f"The model `{name[:200]}` does not exist.", 404, param="model", code="model_not_found")
+    raise unknown_model(name)
+
+
+def unknown_model(name: str) -> APIError:
+    """The 404 of a model that does not exist (or is another tenant's adapter: the same answer)."""
+    return APIError(f"The model `{name[:200]}` does not exist.", 404, param="model", code="model_not_found")

@@ -24,8 +24,9 @@ from .decorators import api_view
 from .errors import APIError, no_worker, not_found, unavailable
 from .generation import Generation, Prompt
 from .protocol import Body, parse_chat, parse_completion, parse_json_body
-from .served import live_models, resolve_served_model
-from .tokenization import Tokenizer, cached_tokenizer, get_tokenizer, served_models
+from .adapters import Adapter, all_adapters, resolve_model
+from .served import live_models
+from .tokenization import ServedModel, Tokenizer, cached_tokenizer, get_tokenizer, served_models
 
 _STARTED = int(time.time())
 
@@ -78,26 +79,36 @@ async def _respond(generation: Generation) -> HttpResponse:
     return JsonResponse(await generation.collect())
 
 
+async def _generation_model(name: str | None, meter: Meter) -> tuple[ServedModel, Adapter | None]:
+    """The served model (and LoRA adapter) a generation request names, checked against the caller's tenant.
+
+    Raises:
+        APIError: 404 for an unknown model or another tenant's adapter.
+        TenantError: 403 when the tenant may not use the (base) model.
+    """
+    served, lora = await resolve_model(name, meter.caller.tenant)
+    meter.use_model(lora.name if lora else served.name, served.name if lora else None)
+    return served, lora
+
+
 @api_view("POST", metered=True)
 async def chat_completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/chat/completions."""
     options, messages, template = parse_chat(Body(parse_json_body(request.body)))
-    served = await resolve_served_model(options.model)
-    meter.use_model(served.name)
+    served, lora = await _generation_model(options.model, meter)
     tokenizer = await _tokenizer(served)
     max_chars = await _max_chars(served, tokenizer)
     _check_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")  # before rendering them
     text = tokenizer.apply_chat_template(messages, **template)
     prompt = Prompt(await _encode(tokenizer, text, max_chars, "messages", add_special_tokens=False), text)
-    return await _respond(Generation(True, served.name, options, [prompt], meter, tokenizer.vocab_size))
+    return await _respond(Generation(True, served.name, options, [prompt], meter, tokenizer.vocab_size, lora))
 
 
 @api_view("POST", metered=True)
 async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
     """POST /v1/completions (prompt: text, token ids, or a batch of either)."""
     options, prompts = parse_completion(Body(parse_json_body(request.body)))
-    served = await resolve_served_model(options.model)
-    meter.use_model(served.name)
+    served, lora = await _generation_model(options.model, meter)
     tokenizer = await _tokenizer(served)
     max_chars = await _max_chars(served, tokenizer)
     tokenized = []
@@ -108,38 +119,51 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
             if any(t < 0 or t >= tokenizer.vocab_size for t in p):
                 raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
             tokenized.append(Prompt(list(p), tokenizer.decode(p) if options.echo else ""))
-    return await _respond(Generation(False, served.name, options, tokenized, meter, tokenizer.vocab_size))
+    return await _respond(Generation(False, served.name, options, tokenized, meter, tokenizer.vocab_size, lora))
 
 
-def _model_card(name: str, served, workers: list[dict]) -> dict:
+def _model_card(name: str, served, workers: list[dict], lora: Adapter | None = None) -> dict:
+    """A ``/v1/models`` entry; an adapter's (vLLM's) has its folder as ``root`` and its base model as ``parent``."""
     return {"id": name, "object": "model", "created": int(min(w.get("ready_at") or _STARTED for w in workers)),
-            "owned_by": "tessera", "root": served.model, "parent": None,
+            "owned_by": "tessera", "root": lora.path if lora else served.model, "parent": lora.base_model if lora else None,
             "max_model_len": min(w["max_model_len"] for w in workers)}
+
+
+async def _model_cards(caller: Caller) -> dict[str, dict]:
+    """The ``/v1/models`` entries the caller's tenant may use, by id: the live models, then the adapters it may
+    see whose base model is live (on a worker serving adapters) and allowed to it."""
+    live = await live_models()
+    cards = {name: _model_card(name, served, workers) for name, (served, workers) in live.items()
+             if caller.tenant.allows_model(name)}
+    for adapter in (await all_adapters(live)).values():
+        base = live.get(adapter.base_model)
+        if (base is not None and adapter.name not in cards and adapter.visible_to(caller.tenant)
+                and caller.tenant.allows_model(adapter.base_model) and any(w.get("lora") for w in base[1])):
+            cards[adapter.name] = _model_card(adapter.name, *base, lora=adapter)
+    return cards
 
 
 @api_view("GET")
 async def list_models(request: HttpRequest, caller: Caller) -> HttpResponse:
-    """GET /v1/models: the models live now (a ready worker serves them) that the caller's
-    tenant may use; ``created`` is when the first of their workers became ready."""
-    data = [_model_card(name, served, workers) for name, (served, workers) in (await live_models()).items()
-            if caller.tenant.allows_model(name)]
-    return JsonResponse({"object": "list", "data": data})
+    """GET /v1/models: the models live now (a ready worker serves them) and their LoRA adapters that the
+    caller's tenant may use; ``created`` is when the first of their workers became ready."""
+    return JsonResponse({"object": "list", "data": list((await _model_cards(caller)).values())})
 
 
 @api_view("GET")
 async def retrieve_model(request: HttpRequest, caller: Caller, model: str) -> HttpResponse:
     """GET /v1/models/{model}: one entry of :func:`list_models`, 404 when it is not live (or not
     the tenant's to use)."""
-    live = (await live_models()).get(model)
-    if live is None or not caller.tenant.allows_model(model):
+    card = (await _model_cards(caller)).get(model)
+    if card is None:
         raise not_found(f"The model '{model[:200]}' does not exist or is not served now.", param="model",
                         code="model_not_found")
-    return JsonResponse(_model_card(model, *live))
+    return JsonResponse(card)
 
 
 async def _tenant_model(caller: Caller, body: Body):
     """The served model ``body`` names (or the default one), refused (403) outside the caller's tenant's."""
-    served = await resolve_served_model(body.get("model", str, ""))
+    served, _ = await resolve_model(body.get("model", str, ""), caller.tenant)  # an adapter: its base's tokenizer
     caller.check_model(served.name)
     return served
 

@@ -1,4 +1,4 @@
-"""Admin: the served-model catalog, and the workers with their load / unload / reload actions.
+"""Admin: the served-model catalog, the LoRA adapters, and the workers with their load / unload / reload actions.
 
 The actions only queue a command for each chosen worker (:mod:`webapp.serving.commands`)
 and return; the worker loads in its own process, and the workers' page shows its state
@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from webapp.serving.commands import LOAD, RELOAD, UNLOAD, ModelCommand
 
-from .models import ServedModel, Worker
+from .models import LoRAAdapter, ServedModel, Worker
 from .workers import command_workers, sync_workers
 
 
@@ -41,6 +41,18 @@ class ServedModelAdmin(admin.ModelAdmin):
     def ready_workers(self, obj: ServedModel) -> str:
         return ", ".join(Worker.objects.filter(model=obj.name, state=Worker.READY)
                          .values_list("worker_id", flat=True)) or "-"
+
+
+@admin.register(LoRAAdapter)
+class LoRAAdapterAdmin(admin.ModelAdmin):
+    """Adapters registered at run time: saved ones reach every worker of their base model within a heartbeat,
+    deleted ones are unloaded there. The form checks the folder and its config; the rank and the shapes are
+    checked by the workers when they load it (a refused one is logged there, and its requests get the error)."""
+
+    list_display = ("name", "base_model", "tenant", "path", "created")
+    list_filter = ("base_model", "tenant")
+    search_fields = ("name", "base_model", "path")
+    fields = ("name", "base_model", "path", "tenant")
 
 
 class WorkerActionForm(ActionForm):

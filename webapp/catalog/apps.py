@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class CatalogConfig(AppConfig):
@@ -7,3 +8,10 @@ class CatalogConfig(AppConfig):
     name = "webapp.catalog"
     label = "catalog"
     verbose_name = "Models and workers"
+
+    def ready(self) -> None:
+        from .lora import publish_on_commit
+        from .models import LoRAAdapter
+
+        post_save.connect(publish_on_commit, sender=LoRAAdapter, dispatch_uid="catalog-lora-publish-save")
+        post_delete.connect(publish_on_commit, sender=LoRAAdapter, dispatch_uid="catalog-lora-publish-delete")

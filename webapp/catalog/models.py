@@ -1,6 +1,8 @@
-"""The admin's view of serving: models that can be served, and the live workers.
+"""The admin's view of serving: models that can be served, their LoRA adapters, and the live workers.
 
-``ServedModel`` is the operator's catalog (the engine settings of each model). ``Worker``
+``ServedModel`` is the operator's catalog (the engine settings of each model). ``LoRAAdapter`` is an
+adapter registered at run time, served as a model of its own on its base model's workers
+(:mod:`.lora`). ``Worker``
 mirrors the workers' Redis heartbeats (:mod:`webapp.serving.worker_registry`) so that the admin can
 list them and run actions on them; Redis stays the source of truth (workers on any machine
 write it, none writes this database), and the rows are refreshed from it whenever the
@@ -13,9 +15,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from inference.quantization.config import QUANTIZATION_METHODS
+from webapp.serving.lora_registry import AdapterEntry
 from webapp.serving.model_spec import ModelSpec
 
-from .sources import validate_source
+from .sources import validate_adapter_path, validate_source
 
 DTYPES = [("auto", "auto (float32 on CPU, the checkpoint's on GPU)"), ("float32", "float32"),
           ("bfloat16", "bfloat16"), ("float16", "float16")]
@@ -73,6 +76,45 @@ class ServedModel(models.Model):
                          quantization=self.quantization or None, max_model_len=self.max_model_len,
                          gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                          tensor_parallel_size=self.tensor_parallel_size)
+
+
+class LoRAAdapter(models.Model):
+    """A LoRA adapter registered at run time; clients call it by ``name``, as a model.
+
+    Owned by ``tenant``: only that tenant's requests may use it (to every other tenant it does not exist);
+    without a tenant it is public, open to every tenant allowed its base model.
+    """
+
+    name = models.CharField(max_length=200, unique=True, validators=[NAME_RULE],
+                            help_text="The name clients send as \"model\" (vLLM's lora_name); unique in the "
+                                      "deployment.")
+    base_model = models.CharField(max_length=200, validators=[NAME_RULE],
+                                  help_text="The served model it runs on (the name its workers serve).")
+    path = models.CharField(max_length=1000, validators=[validate_adapter_path],
+                            help_text="The PEFT adapter's folder (adapter_config.json and "
+                                      "adapter_model.safetensors), as the workers see it.")
+    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="lora_adapters",
+                               help_text="The tenant that owns it (only its keys may use it); empty: public.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "LoRA adapter"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """Refuse a name a served model already has (the form shows it on the field)."""
+        super().clean()
+        if self.name and ServedModel.objects.filter(name=self.name).exists():
+            raise ValidationError({"name": f"A served model is named '{self.name}'; an adapter needs a name of "
+                                           "its own."})
+
+    def entry(self) -> AdapterEntry:
+        """The adapter as the workers' registry in Redis holds it."""
+        return AdapterEntry(self.name, self.base_model, self.path.strip(), self.tenant.slug if self.tenant else None)
 
 
 class Worker(models.Model):

@@ -1,4 +1,5 @@
-"""Checks on a served model's ``source`` before it is saved: the forms the engine accepts.
+"""Checks on a served model's ``source`` and a LoRA adapter's ``path`` before they are saved: the forms the
+engine accepts.
 
 Only cheap checks run here (names and paths), on the machine of the web process: a GGUF
 file is converted, and weights are read, only by the worker that loads the model, which
@@ -11,6 +12,9 @@ from pathlib import Path
 
 from django.core.exceptions import ValidationError
 
+from inference import LoRARequest
+from inference.errors import InvalidRequestError
+from inference.lora.checkpoint import read_adapter_config
 from inference.model_loader.sources import PACKAGED_MODEL_NAMES
 
 ACCEPTED = ("the packaged model's name (smollm2-135m-instruct), a Hugging Face model directory holding "
@@ -34,3 +38,17 @@ def validate_source(source: str) -> None:
             raise ValidationError(f"The GGUF file {source} does not exist.")
         return
     raise ValidationError(f"'{source}' is not a model source: expected {ACCEPTED}.")
+
+
+def validate_adapter_path(path: str) -> None:
+    """The engine's checks of a PEFT adapter that need no model: the folder, ``adapter_config.json`` and what
+    it asks for (:func:`inference.lora.checkpoint.read_adapter_config`). The rank and the tensors' shapes are
+    checked by a worker that loads it.
+
+    Raises:
+        ValidationError: the engine's reason, naming the folder or the field.
+    """
+    try:
+        read_adapter_config(LoRARequest("adapter", 1, path.strip()))
+    except InvalidRequestError as error:
+        raise ValidationError(str(error)) from None

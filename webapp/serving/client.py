@@ -86,6 +86,8 @@ class EngineRequestSpec:
     tenant: str | None = None  # the tenant's slug: its GPU share in the engine's scheduler
     priority: int = 0
     cache_salt: str | None = None  # prefix-cache key, e.g. per tenant
+    lora_name: str | None = None  # the LoRA adapter it runs with, None: the base model
+    lora_path: str | None = None  # that adapter's folder, as registered
 
 
 class GenerationStream:
@@ -136,7 +138,7 @@ class GenerationStream:
         self.reply = self._router.open(self._deliver)
         now = time.time()
         requests = [QueuedRequest(r.rid, self.reply, self.model, r.prompt_token_ids, r.params, now, r.tenant,
-                                  r.priority, r.cache_salt) for r in self.requests]
+                                  r.priority, r.cache_salt, r.lora_name, r.lora_path) for r in self.requests]
         self._queued = {r.rid: r for r in requests}
         self._queues, self._epoch, began = await enqueue(get_redis(), self.model, requests)
         if began:  # Redis is new or lost its data: the workers need the tenants' shares again
@@ -349,13 +351,18 @@ _background: set[asyncio.Future] = set()  # aborts and share republishing, refer
 
 
 def republish_shares() -> None:
-    """Write the tenants' GPU shares to Redis again, in the background (from the database; for a
-    Redis that lost them in a restart). Returns at once."""
+    """Write the tenants' GPU shares and the registered LoRA adapters to Redis again, in the background (from
+    the database; for a Redis that lost them in a restart). Returns at once."""
     from asgiref.sync import sync_to_async  # noqa: PLC0415
 
     from tenants.shares import publish  # noqa: PLC0415 (the tenants app imports the serving layer)
+    from webapp.catalog.lora import publish as publish_adapters  # noqa: PLC0415
 
-    task = asyncio.ensure_future(sync_to_async(publish, thread_sensitive=False)())
+    def publish_both() -> None:
+        publish()
+        publish_adapters()
+
+    task = asyncio.ensure_future(sync_to_async(publish_both, thread_sensitive=False)())
     _background.add(task)  # kept referenced until done
     task.add_done_callback(_background.discard)
     task.add_done_callback(_retrieve)

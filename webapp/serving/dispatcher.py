@@ -134,7 +134,8 @@ class Dispatcher(threading.Thread):
             return
         arrival = time.monotonic() - max(0.0, time.time() - request.arrival)
         self.loop.submit(EngineRequest(request.rid, list(request.prompt_token_ids), request.params, arrival,
-                                       request.tenant, priority=int(request.priority), cache_salt=request.cache_salt))
+                                       request.tenant, priority=int(request.priority), cache_salt=request.cache_salt,
+                                       lora_name=request.lora_name, lora_path=request.lora_path))
 
     def _make_room(self) -> None:
         """The engine is full: if the tenant whose turn it is has no request waiting in it, give

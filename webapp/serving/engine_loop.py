@@ -18,6 +18,8 @@ from typing import Any, Callable
 from inference.errors import InvalidRequestError, NotSupportedYetError
 from inference.sampling_params import SamplingParams
 
+from .lora_adapters import EngineAdapters
+
 logger = logging.getLogger(__name__)
 
 IDLE_POLL = 0.2  # seconds an idle loop waits on its inbox before refreshing stats
@@ -36,6 +38,8 @@ class EngineRequest:
         tenant_id: the tenant's slug (its GPU share in the scheduler), or None.
         priority: scheduling priority (lower runs earlier; the ``priority`` policy only).
         cache_salt: prefix-cache key (one per tenant), None to share with every unsalted request.
+        lora_name: the LoRA adapter it runs with (the name the client sent as ``model``), None for the base model.
+        lora_path: that adapter's folder, as registered (:mod:`.lora_adapters`).
     """
 
     request_id: str
@@ -45,6 +49,8 @@ class EngineRequest:
     tenant_id: str | None = None
     priority: int = 0
     cache_salt: str | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
 
 
 class EngineLoop(threading.Thread):
@@ -71,6 +77,7 @@ class EngineLoop(threading.Thread):
         super().__init__(name="tessera-engine-loop", daemon=True)
         self._engine_factory = engine_factory
         self.engine: Any = None
+        self.adapters: EngineAdapters | None = None  # the engine's LoRA adapters (built with it)
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._on_outputs = on_outputs
@@ -145,6 +152,17 @@ class EngineLoop(threading.Thread):
         """Hand new tenant GPU shares (a ``tenant_shares.TenantShares``) to the engine before its next step."""
         self._inbox.put(("shares", shares))
 
+    def add_lora(self, name: str, path: str) -> concurrent.futures.Future:
+        """Load LoRA adapter ``name`` from ``path`` before the next step; the future's result is None once
+        loaded, or its exception the engine's refusal (``InvalidRequestError`` naming the parameter)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("lora_add", (name, path, done)))
+        return done
+
+    def sync_loras(self, registered: dict[str, str]) -> None:
+        """The model's runtime adapters (name -> path) changed: load the new ones, unload the others."""
+        self._inbox.put(("lora_sync", dict(registered)))
+
     def stop(self, reason: str | None = None) -> None:
         """Abort everything and end the loop (returns at once; join the thread to wait).
 
@@ -160,6 +178,7 @@ class EngineLoop(threading.Thread):
     def run(self) -> None:
         try:
             self.engine = self._engine_factory()
+            self.adapters = EngineAdapters(self.engine)
             self.stats = self.engine.get_stats()
         except BaseException as error:
             self._build_error = error
@@ -205,6 +224,10 @@ class EngineLoop(threading.Thread):
             elif kind == "displace":
                 tenant_id, decided = value
                 decided.set_result(self._displace(tenant_id))
+            elif kind == "lora_add":
+                self._add_lora(*value)
+            elif kind == "lora_sync":
+                self.adapters.sync(value)
             elif kind == "shares":
                 self.engine.set_tenant_shares(value.shares, value.priorities)
                 self.tenant_shares = value
@@ -220,14 +243,24 @@ class EngineLoop(threading.Thread):
             self._slots.release()
             return
         try:
+            lora = None if request.lora_name is None else self.adapters.request_for(request.lora_name,
+                                                                                   request.lora_path or "")
             self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
                                     arrival_time=request.arrival_time, priority=request.priority,
-                                    cache_salt=request.cache_salt, tenant_id=request.tenant_id)
+                                    cache_salt=request.cache_salt, tenant_id=request.tenant_id, lora_request=lora)
         except (InvalidRequestError, NotSupportedYetError) as error:
             self._slots.release()
             self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
             return
         self._active.add(request.request_id)
+
+    def _add_lora(self, name: str, path: str, done: concurrent.futures.Future) -> None:
+        try:
+            self.adapters.add(name, path)
+        except Exception as error:  # noqa: BLE001 - the caller reports it (an InvalidRequestError names the limit)
+            done.set_exception(error)
+        else:
+            done.set_result(None)
 
     def _displace(self, tenant_id: str | None) -> str | None:
         by_tenant: dict[str | None, list[str]] = {}

@@ -36,7 +36,18 @@ def heartbeat_info(host: ModelHost, started: float, closing: bool) -> dict[str, 
         "num_steps": loop.num_steps if serving else 0,
         "tenant_shares": loop.tenant_shares.shares if serving and loop.tenant_shares else None,
         "live": serving and state == READY and loop.is_alive() and not closing,
+        "lora": _lora_info(loop.adapters) if serving and loop.adapters is not None else None,
     }
+
+
+def _lora_info(adapters) -> dict[str, Any] | None:
+    """The engine's LoRA limits, its start-up adapters (``--lora-modules``: the web processes list them as
+    models) and the names of the adapters it has loaded; None when LoRA is off."""
+    if not adapters.enabled:
+        return None
+    return {"max_loras": adapters.max_loras, "max_lora_rank": adapters.max_lora_rank,
+            "modules": [{"name": m.lora_name, "path": m.lora_path} for m in adapters.startup.values()],
+            "loaded": list(adapters.loaded)}
 
 
 def _cache_config(engine) -> dict[str, Any]:

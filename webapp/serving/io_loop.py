@@ -6,12 +6,14 @@
   the engine loop;
 * settles the held record of a request (:mod:`.held`) before publishing its first output or
   error, and drops (aborts) a request that another worker took over meanwhile;
-* receives aborts on the worker's control channel and passes them to the engine loop;
+* receives aborts on the worker's control channel and passes them to the engine loop, and LoRA adapter
+  checks, which it answers once the engine loaded the adapter or refused it (:mod:`.lora_registry`);
 * writes the heartbeat (worker info, engine stats, the recent figures of :mod:`.recent_stats`)
   every ``HEARTBEAT_INTERVAL`` seconds,
   adds what the worker's counters and histograms grew by to its model's totals
   (:mod:`.worker_metrics`), also once more when it stops or its model is unloaded, and reads
-  the tenants' GPU shares (:mod:`.tenant_shares`), passing them on when they changed;
+  the tenants' GPU shares (:mod:`.tenant_shares`) and the registered LoRA adapters (:mod:`.lora_registry`),
+  passing them on when they changed;
 * logs the engine's throughput and load every ``LOG_INTERVAL`` seconds (:mod:`.stat_logger`).
 """
 from __future__ import annotations
@@ -27,9 +29,10 @@ from channels_redis.core import RedisChannelLayer
 from redis.exceptions import RedisError
 
 from webapp.transport.channel_layer import CONTROL_CHANNEL_PREFIX, bulk_send
-from webapp.transport.keys import SHARES_KEY, WORKERS_KEY, claim_key, worker_key
+from webapp.transport.keys import LORA_ADAPTERS_KEY, SHARES_KEY, WORKERS_KEY, claim_key, worker_key
 
 from . import held, worker_registry
+from .lora_registry import AdapterEntry, LoRACheck, answer_check, decode_registry, wait_result
 from .ledger import RequestLedger
 from .messages import Abort, coalesce, encode_output, error_message, is_final
 from .recent_stats import RecentStats
@@ -53,11 +56,16 @@ class WorkerIO(threading.Thread):
         info: returns the heartbeat's info dict (called on this thread).
         on_abort: called with a list of request ids the clients abandoned.
         on_shares: called with the tenants' ``TenantShares`` when they changed in Redis.
+        on_loras: called with the registered LoRA adapters (``name -> AdapterEntry``) when they changed.
+        on_lora_check: called with an adapter's name and path to load; returns the engine loop's future
+            (``EngineLoop.add_lora``), or None without an engine.
     """
 
     def __init__(self, worker_id: str, layer: RedisChannelLayer, info: Callable[[], dict[str, Any]],
                  on_abort: Callable[[list[str]], None],
-                 on_shares: Callable[[TenantShares], None] | None = None) -> None:
+                 on_shares: Callable[[TenantShares], None] | None = None,
+                 on_loras: Callable[[dict[str, AdapterEntry]], None] | None = None,
+                 on_lora_check: Callable[[str, str], concurrent.futures.Future | None] | None = None) -> None:
         super().__init__(name="tessera-worker-io", daemon=True)
         self.worker_id = worker_id
         self.layer = layer
@@ -71,6 +79,10 @@ class WorkerIO(threading.Thread):
         self._on_abort = on_abort
         self._on_shares = on_shares
         self._shares: TenantShares | None = None
+        self._on_loras = on_loras
+        self._on_lora_check = on_lora_check
+        self._loras: dict[str, AdapterEntry] | None = None
+        self._checks: set[asyncio.Task] = set()
         self.ledger = RequestLedger()  # the requests this worker took, until they end
         self._carry: list[tuple[str, Any, float | None]] = []  # outputs not published yet (Redis was down)
         self._unsent: list[tuple[str, dict]] = []  # numbered messages not sent yet (Redis was down)
@@ -307,6 +319,10 @@ class WorkerIO(threading.Thread):
             if failing:
                 logger.info("receiving aborts again")
                 failing = False
+            check = LoRACheck.decode(message)
+            if check is not None:
+                self._background(self._answer_check(check))
+                continue
             abort = Abort.decode(message)
             if abort is not None:
                 rids = list(abort.rids)
@@ -318,6 +334,19 @@ class WorkerIO(threading.Thread):
                     await self._settle(set(rids), aborted=True)
                 except Exception:
                     logger.exception("removing the held records of aborted requests failed")
+
+    async def _answer_check(self, check: LoRACheck) -> None:
+        """Load the adapter of ``check`` into the engine (on the engine loop, between steps) and answer."""
+        try:
+            future = self._on_lora_check(check.name, check.path) if self._on_lora_check else None
+            await answer_check(self.layer.connection(0), check, await wait_result(future))
+        except Exception:
+            logger.exception("answering the check of LoRA adapter %s failed", check.name)
+
+    def _background(self, coroutine) -> None:
+        task = self._loop.create_task(coroutine)
+        self._checks.add(task)  # referenced until done
+        task.add_done_callback(self._checks.discard)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -362,6 +391,11 @@ class WorkerIO(threading.Thread):
             if shares != self._shares:
                 self._shares = shares
                 self._on_shares(shares)
+        if self._on_loras is not None:
+            loras = decode_registry(await self.layer.connection(0).hgetall(LORA_ADAPTERS_KEY))
+            if loras != self._loras:
+                self._loras = loras
+                self._on_loras(loras)
 
     def _log_stats(self, info: dict[str, Any]) -> None:
         now = time.monotonic()

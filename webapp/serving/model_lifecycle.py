@@ -29,6 +29,7 @@ from . import held
 from .dispatcher import Dispatcher, reclaimer
 from .engine_loop import EngineLoop
 from .io_loop import WorkerIO
+from .lora_registry import AdapterEntry, adapters_of
 from .model_spec import ModelSpec
 from .tenant_shares import TenantShares
 
@@ -94,6 +95,7 @@ class ModelHost:
         self.loop: EngineLoop | None = None
         self.engine: Any = None
         self._shares: TenantShares | None = None
+        self._loras: dict[str, AdapterEntry] = {}  # the registered runtime LoRA adapters, every model's
         self.dispatcher: Dispatcher | None = None  # takes the served model's requests into its engine
         self.reclaimer: held.OrphanReclaimer | None = None  # for the served model's held requests
 
@@ -132,6 +134,7 @@ class ModelHost:
             engine = loop.start_and_wait()
             if self._shares is not None:
                 loop.set_tenant_shares(self._shares)
+            loop.sync_loras(adapters_of(self._loras, spec.name))
             with self._lock:
                 self.loop, self.engine, self.state, self.ready_at = loop, engine, READY, time.time()
             self.dispatcher = Dispatcher(self._redis_url, spec.name, self.worker_id, loop, self.io)
@@ -196,6 +199,20 @@ class ModelHost:
         self._shares = shares
         if self.loop is not None:
             self.loop.set_tenant_shares(shares)
+
+    def set_loras(self, entries: dict[str, AdapterEntry]) -> None:
+        """The registered LoRA adapters changed: the engine loads its model's new ones and unloads the others
+        (and the next engine loaded does the same)."""
+        self._loras = entries
+        loop, spec = self.loop, self.spec
+        if loop is not None and spec is not None:
+            loop.sync_loras(adapters_of(entries, spec.name))
+
+    def check_lora(self, name: str, path: str):
+        """Load adapter ``name`` from ``path`` into the engine now: the ``EngineLoop.add_lora`` future, or None
+        while no engine is ready."""
+        loop = self.loop
+        return loop.add_lora(name, path) if loop is not None and self.state == READY else None
 
     def _on_engine_failure(self, error: BaseException) -> None:
         """The engine raised: stop this worker (warm shutdown), so that a supervisor such as

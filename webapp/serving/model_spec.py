@@ -46,7 +46,9 @@ class ModelSpec:
             max_model_len=self.max_model_len, gpu_memory_utilization=self.gpu_memory_utilization,
             max_num_seqs=self.max_num_seqs, tensor_parallel_size=self.tensor_parallel_size,
             # a tokenizer flag belongs to the model the worker was started with, not to this one
-            tokenizer=base.tokenizer if base.model == self.source else None)
+            tokenizer=base.tokenizer if base.model == self.source else None,
+            # so do the LoRA adapters of --lora-modules (trained on that model)
+            lora_modules=base.lora_modules if base.model == self.source else None)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "ModelSpec":

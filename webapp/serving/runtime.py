@@ -72,7 +72,9 @@ class WorkerRuntime:
         self._closing = threading.Event()
         # The I/O thread calls back into the host only once started (after the host exists).
         self.io = WorkerIO(self.worker_id, layer, self._info, lambda rids: self.host.abort(rids),
-                           lambda shares: self.host.set_tenant_shares(shares))
+                           lambda shares: self.host.set_tenant_shares(shares),
+                           lambda loras: self.host.set_loras(loras),
+                           lambda name, path: self.host.check_lora(name, path))
         self.host = ModelHost(base_args, engine_builder, self.io, redis_url, self.worker_id, self._closing,
                               max_waiting_requests)
         self.commands = CommandLoop(self.worker_id, redis_url, self._closing, self.host, self.slot)

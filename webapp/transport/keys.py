@@ -106,6 +106,24 @@ def slot_key(slot: str) -> str:
     return f"tessera:worker-slot:{slot}"
 
 
+# ---- LoRA adapters (webapp.serving.lora_registry, webapp.catalog.lora) ----------------------
+
+LORA_ADAPTERS_KEY = "tessera:lora:adapters"
+"""Hash: adapter name -> JSON ``{"base_model", "path", "tenant"}`` of every LoRA adapter registered at run
+time (the database's ``LoRAAdapter`` rows; ``tenant``: the owner's slug, null when public), rewritten whole
+whenever one is added or removed. Workers read it with every heartbeat and load their model's adapters."""
+
+LORA_VERSION_KEY = "tessera:lora:version"
+"""String (a counter): increased with every change of the adapters; web processes drop their cached
+adapters when it moves."""
+
+
+def lora_reply_key(nonce: str) -> str:
+    """List ``tessera:lora:reply:<nonce>``: one worker's JSON answer to one adapter check
+    (:class:`webapp.serving.lora_registry.LoRACheck`); expires a minute after it is written."""
+    return f"tessera:lora:reply:{nonce}"
+
+
 # ---- metrics --------------------------------------------------------------------------------
 
 def metrics_key(model: str) -> str:

@@ -37,6 +37,8 @@ class QueuedRequest:
         tenant: the tenant's slug (its GPU share), or None.
         priority: scheduling priority (lower runs earlier; the ``priority`` policy only).
         cache_salt: prefix-cache key, None to share with every unsalted request.
+        lora_name: the LoRA adapter to run with (the name the client sent as ``model``), None: the base model.
+        lora_path: the adapter's folder as registered (a worker that has not loaded it yet loads it from there).
     """
 
     rid: str
@@ -48,6 +50,8 @@ class QueuedRequest:
     tenant: str | None = None
     priority: int = 0
     cache_salt: str | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
 
     @property
     def cost(self) -> int:

@@ -27,6 +27,7 @@ from inference.errors import NotSupportedYetError, TesseraError
 from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
+from webapp.catalog import lora
 from webapp.api.tool_parsers import TOOL_PARSERS
 from webapp.env import DEVELOPMENT_SECRET_KEY, ServingEnv, parse_json_list
 from webapp.serving import worker_slot
@@ -190,6 +191,7 @@ class Command(BaseCommand):
             state = "" if tenant.active else " (inactive: switched off in the admin; --tenant-id does not reactivate it)"
             self.stdout.write(f"Tenant '{tenant.slug}': GPU share {tenant.gpu_share}%{state}")
         tenant_shares.publish()
+        lora.publish()  # the adapters registered in the database, for the workers
         name = engine_args.served_model_name or engine_args.model
         env = launcher.child_env(
             REDIS_URL=redis_url, TESSERA_MODEL=engine_args.model, TESSERA_SERVED_MODEL_NAME=name,
@@ -246,6 +248,7 @@ class Command(BaseCommand):
         except RuntimeError as error:
             raise CommandError(f"redis-server could not be restarted: {error}; stopping.") from None
         tenant_shares.publish()
+        lora.publish()
         return new
 
 

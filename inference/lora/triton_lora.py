@@ -1,0 +1,127 @@
+"""Triton kernels of the batched LoRA matmuls (segmented gather matmuls, after Punica's SGMV,
+Chen et al., "Punica: Multi-Tenant LoRA Serving", 2023). :mod:`.torch_ref` is their reference.
+
+Each program handles ``BLOCK_M`` token rows of one slot's segment (``sorted_rows[slot_starts[s]:
+slot_starts[s + 1]]``); the grid covers every slot and as many row tiles as the whole batch has, so
+its shape depends only on the batch size, not on how rows split over adapters (a CUDA graph
+captures it once; the programs past their segment's end do nothing).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import torch
+
+BLOCK_M = 16
+BLOCK_K = 64
+BLOCK_N = 64
+
+
+@triton.jit
+def _lora_shrink_kernel(
+    x_ptr,            # [T, K] model dtype, row stride stride_xm, unit column stride
+    a_ptr,            # [S, R, K] model dtype, strides (stride_as, stride_ar, 1)
+    s_ptr,            # [T, R] float32 output, row stride stride_sm
+    sorted_rows_ptr,  # [>= T] int32 token rows grouped by slot
+    slot_starts_ptr,  # [S + 1] int32 segment offsets into sorted_rows
+    K, R, stride_xm, stride_as, stride_ar, stride_sm,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m, pid_r, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(slot_starts_ptr + slot)
+    end = tl.load(slot_starts_ptr + slot + 1)
+    m0 = start + pid_m * BLOCK_M
+    if m0 < end:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < end
+        rows = tl.load(sorted_rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask_r = offs_r < R
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            a = tl.load(a_ptr + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
+                        mask=mask_r[None, :] & mask_k[:, None], other=0.0)  # [BLOCK_K, BLOCK_R]
+            acc += tl.dot(x, a)
+        tl.store(s_ptr + rows[:, None] * stride_sm + offs_r[None, :], acc, mask=mask_m[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _lora_expand_kernel(
+    s_ptr,             # [T, num_slices * r_max] float32, row stride stride_sm
+    b_ptr,             # [S, N, r_max] model dtype, strides (stride_bs, stride_bn, 1)
+    out_ptr,           # [T, N] model dtype, row stride stride_om, updated in place
+    sorted_rows_ptr,   # [>= T] int32 token rows grouped by slot
+    slot_starts_ptr,   # [S + 1] int32 segment offsets into sorted_rows
+    slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
+    r_max, num_slices, stride_sm, stride_bs, stride_bn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = pid_s // num_slices
+    piece = pid_s % num_slices
+    start = tl.load(slot_starts_ptr + slot)
+    end = tl.load(slot_starts_ptr + slot + 1)
+    n0 = tl.load(slice_starts_ptr + piece)
+    n1 = tl.load(slice_starts_ptr + piece + 1)
+    m0 = start + pid_m * BLOCK_M
+    first_n = n0 + pid_n * BLOCK_N
+    if (m0 < end) & (first_n < n1):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < end
+        rows = tl.load(sorted_rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        offs_j = tl.arange(0, BLOCK_R)
+        mask_j = offs_j < r_max
+        offs_n = first_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n1
+        s = tl.load(s_ptr + rows[:, None] * stride_sm + (piece * r_max + offs_j)[None, :],
+                    mask=mask_m[:, None] & mask_j[None, :], other=0.0)
+        b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_j[:, None],
+                    mask=mask_j[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
+        acc = tl.dot(s.to(b.dtype), b)
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        out = tl.load(out_ptrs, mask=mask, other=0.0)
+        tl.store(out_ptrs, (out.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_r(width: int) -> int:
+    return max(16, triton.next_power_of_2(width))
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, slot_starts: torch.Tensor) -> torch.Tensor:
+    """``[T, R]`` float32 low-rank activations; rows without an adapter are left unwritten (never read).
+
+    Args:
+        x: ``[T, K]`` contiguous rows; a: ``[S, R, K]`` contiguous, same dtype as ``x``.
+        sorted_rows: ``[>= T]`` int32; slot_starts: ``[S + 1]`` int32 (see the module docstring).
+    """
+    num_tokens, k = x.shape
+    num_slots, r, _ = a.shape
+    s = torch.empty((num_tokens, r), dtype=torch.float32, device=x.device)
+    block_r = min(_block_r(r), 64)
+    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(r, block_r), num_slots)
+    _lora_shrink_kernel[grid](x, a, s, sorted_rows, slot_starts, k, r, x.stride(0), a.stride(0), a.stride(1),
+                              s.stride(0), BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=BLOCK_K)
+    return s
+
+
+def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_rows: torch.Tensor,
+                 slot_starts: torch.Tensor, slice_starts: torch.Tensor, r_max: int, max_slice_width: int) -> None:
+    """``out += B s`` per slot segment and slice, in place (see :func:`.torch_ref.lora_expand_ref`).
+
+    Args:
+        out: ``[T, N]`` with unit column stride; s: ``[T, num_slices * r_max]`` float32;
+        b: ``[S, N, r_max]`` contiguous; slice_starts: ``[num_slices + 1]`` int32 on the device;
+        max_slice_width: the widest slice's columns (host int, sizes the grid).
+    """
+    num_tokens = out.shape[0]
+    num_slots = b.shape[0]
+    num_slices = slice_starts.shape[0] - 1
+    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(max_slice_width, BLOCK_N), num_slots * num_slices)
+    _lora_expand_kernel[grid](s, b, out, sorted_rows, slot_starts, slice_starts, r_max, num_slices, s.stride(0),
+                              b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                              BLOCK_R=_block_r(r_max))

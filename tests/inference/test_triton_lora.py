@@ -1,0 +1,66 @@
+"""The Triton LoRA shrink and expand kernels against their PyTorch reference.
+
+Without a CUDA device the kernels run in Triton's interpreter on small shapes (and the module's
+kernels are compiled for sm_90 at its end, see conftest); on a GPU the same tests run on CUDA tensors.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .triton_interpreter import HAS_CUDA  # noqa: E402  (sets TRITON_INTERPRET=1 without a GPU)
+
+triton = pytest.importorskip("triton")
+
+from inference.lora.torch_ref import lora_expand_ref, lora_shrink_ref  # noqa: E402
+from inference.lora.triton_lora import lora_expand_, lora_shrink  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def _segments(token_slots: list[int], num_slots: int):
+    """``sorted_rows`` and ``slot_starts`` of a batch whose row ``t`` uses slot ``token_slots[t]`` (-1: none)."""
+    rows = sorted((slot, t) for t, slot in enumerate(token_slots) if slot >= 0)
+    counts = [sum(1 for s in token_slots if s == slot) for slot in range(num_slots)]
+    starts = [0]
+    for count in counts:
+        starts.append(starts[-1] + count)
+    sorted_rows = [t for _, t in rows] + [0] * (len(token_slots) - len(rows))
+    return (torch.tensor(sorted_rows, dtype=torch.int32, device=DEVICE),
+            torch.tensor(starts, dtype=torch.int32, device=DEVICE))
+
+
+# 37 rows over three slots and rows without an adapter; K 96 leaves a partial K tile; rank 8 and 16 slots.
+@pytest.mark.parametrize("num_tokens, token_pattern", [(1, [1]), (5, [-1, 0, 2, -1, 0]), (37, None)],
+                         ids=["one-decode", "mixed-5", "prefill-37"])
+@pytest.mark.parametrize("r_max, slices", [(8, (40, 24, 24)), (16, (96,))], ids=["qkv-r8", "single-r16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max, slices, dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(num_tokens * 7 + r_max)
+    num_slots, k = 3, 96
+    token_slots = token_pattern or [(t * 5) % 4 - 1 for t in range(num_tokens)]
+    sorted_rows, slot_starts = _segments(token_slots, num_slots)
+    num_slices, n = len(slices), sum(slices)
+    x = torch.randn(num_tokens, k, generator=g, device=DEVICE).to(dtype)
+    a = (torch.randn(num_slots, num_slices * r_max, k, generator=g, device=DEVICE) * 0.1).to(dtype)
+    b = (torch.randn(num_slots, n, r_max, generator=g, device=DEVICE) * 0.1).to(dtype)
+    base = torch.randn(num_tokens, n, generator=g, device=DEVICE).to(dtype)
+    starts = [0]
+    for width in slices:
+        starts.append(starts[-1] + width)
+
+    s = lora_shrink(x, a, sorted_rows, slot_starts)
+    s_ref = lora_shrink_ref(x, a, sorted_rows, slot_starts)
+    used = torch.tensor([slot >= 0 for slot in token_slots], device=DEVICE)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 and not HAS_CUDA else dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(s[used], s_ref[used], **tol)
+
+    out = base.clone()
+    lora_expand_(out, s_ref, b, sorted_rows, slot_starts, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+                 r_max, max(slices))
+    expected = base.clone()
+    lora_expand_ref(expected, s_ref, b, sorted_rows, slot_starts, tuple(starts), r_max)
+    torch.testing.assert_close(out.float(), expected.float(), **tol)
+    assert torch.equal(out[~used], base[~used])  # rows without an adapter are untouched
+    if any(slot >= 0 for slot in token_slots):
+        assert not torch.equal(out[used], base[used])
