@@ -100,18 +100,14 @@ def _ms(calls: list, device: str) -> float:
 
 
 def _previous_decode_config(M: int, N: int, K: int, num_sms: int):
-    """The decode kernel's config before the packed subtraction (commit 5d4ffe8): all-ones MMA, 64-column tiles
-    (128 for N >= 16384 up to 16 rows), split to about four programs per SM up to 16 rows, 4 above."""
+    """The decode kernel's config before the packed subtraction (commit 5d4ffe8): up to 16 rows the library's
+    own (``decode_config`` went back to it there), above 16 the all-ones MMA with 64-column tiles, 4 splits."""
     import triton
-    from inference.quantization.triton_w4a16_decode import DecodeConfig
-    k_tiles = triton.cdiv(K, packing.PACK_K)
+    from inference.quantization.triton_w4a16_decode import DecodeConfig, decode_config
     if M <= 16:
-        block_n = 128 if N >= 16384 else 64
-        split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, block_n)))))
-    else:
-        block_n, split_k = 64, 4
-    split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, tile_mma=True, zero_in_regs=False)
+        return decode_config(M, N, K, num_sms)
+    split_k = max(1, min(4, triton.cdiv(K, packing.PACK_K) // 3))
+    return DecodeConfig(block_n=64, split_k=split_k, tile_mma=True, zero_in_regs=False)
 
 
 def _paths(M: int, N: int, K: int, num_sms: int) -> dict:

@@ -397,19 +397,25 @@ class DecodeConfig:
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs: the one-MMA-per-tile kernel with the zero point
-    subtracted in registers, 128-column output tiles (64-column ones put the A operand through shared memory:
-    ``benchmarks/compile_sm90.py``), four warps (one warpgroup), and the K split the power of two nearest to
-    about four programs per SM up to 16 rows, two above (whose float32 partial sums cost more, and whose
-    accumulators leave room for fewer programs). At most 16 splits, each of at least three 128-row K tiles.
-    The H200 sweep of the previous kernel (``quant-kernels-sweep_h200_2026-12-01.json``) chose the same split
-    rule for its tiles; ``benchmarks/w4a16_sweep.py`` times this one's neighbours."""
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweep of both variants
+    (``w4a16-sweep_h100_2026-12-05.json``, the 7B shapes):
+
+    - up to 16 rows, the kernel that takes each tile's ``sum(x)`` from an all-ones MMA, 64-column tiles (128 for
+      N >= 16384): faster there than the zero point subtracted in registers on gate_up, qkv and o (by 0-21%;
+      down at one row is 8% slower);
+    - above 16 rows, the zero point subtracted in registers with one MMA per tile and 128-column output tiles
+      (64-column ones put the A operand through shared memory: ``benchmarks/compile_sm90.py``): 1.27x the
+      other on gate_up at 32 rows.
+
+    Both split K to the power of two nearest to about four programs per SM up to 16 rows, two above; at most 16
+    splits, each of at least three 128-row K tiles."""
     k_tiles = triton.cdiv(K, PACK_K)
-    block_n = 128
-    programs_per_sm = 4 if M <= 16 else 2
+    small = M <= 16
+    block_n = (128 if N >= 16384 else 64) if small else 128
+    programs_per_sm = 4 if small else 2
     split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=True)
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small)
 
 
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,

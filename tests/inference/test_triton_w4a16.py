@@ -94,11 +94,15 @@ def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero
 
 
 def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
+    """The variants and splits the H100 sweep chose (``decode_config``'s docstring)."""
     o_proj = decode_config(1, 3584, 3584, num_sms=132)
     gate_up = decode_config(1, 37888, 3584, num_sms=132)
     assert o_proj.split_k > gate_up.split_k >= 1
-    assert decode_config(32, 3584, 3584, num_sms=132).split_k < o_proj.split_k  # partial sums cost more
-    assert decode_config(64, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
+    assert not o_proj.zero_in_regs and (o_proj.block_n, gate_up.block_n) == (64, 128)  # up to 16 rows
+    wide = decode_config(32, 37888, 3584, num_sms=132)
+    assert wide.split_k < gate_up.split_k or wide.split_k == 1  # partial sums cost more
+    assert decode_config(17, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
+    assert decode_config(64, 3584, 3584, num_sms=132).zero_in_regs
     assert decode_config(1, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
 
 
