@@ -78,10 +78,10 @@ def make_llm(args, num_scheduler_steps: int | None = None) -> LLM:
                quantization=getattr(args, "quantization", None),
                kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-               num_scheduler_steps=num_scheduler_steps)
+               num_scheduler_steps=num_scheduler_steps, **getattr(args, "lora_engine_kwargs", {}))
 
 
-def warm_up(llm, prompts, count: int = 16) -> None:
+def warm_up(llm, prompts, count: int = 16, loras: list | None = None) -> None:
     """Generate a few tokens for the first ``2 * count + 1`` prompts, so that every kernel variant of the
     timed run is compiled before the clock starts: a full prefill chunk (W1: 16 prompts of 1,024 tokens),
     decode steps, a chunk that mixes decodes with prefills, one of them cut at the token budget and finished
@@ -91,11 +91,18 @@ def warm_up(llm, prompts, count: int = 16) -> None:
     (2.21 s with this warm-up). The multi-step windows keep Triton builds out of multi-step runs too;
     ``triton_builds_in_timed_run`` in the result reports any build left. The warm-up's prompts are
     cached under their own ``cache_salt``: the timed run, which reuses them, finds none of their blocks
-    (prefix caching is on by default), so its hit rate is its own.
+    (prefix caching is on by default), so its hit rate is its own. ``loras``: the LoRA adapters the timed run
+    spreads its requests over (``LoRARequest``s), in turn.
     """
     steps = llm.llm_engine.config.scheduler.num_scheduler_steps
     llm.generate(prompt_token_ids=prompts[:2 * count + 1], use_tqdm=False, cache_salt="warm-up",
-                 sampling_params=SamplingParams(max_tokens=2 + 3 * steps if steps > 1 else 2, ignore_eos=True))
+                 sampling_params=SamplingParams(max_tokens=2 + 3 * steps if steps > 1 else 2, ignore_eos=True),
+                 lora_request=_lora_of(loras, len(prompts[:2 * count + 1])) if loras else None)
+
+
+def _lora_of(loras: list, count: int) -> list:
+    """The adapters of requests ``0..count-1``, taken from ``loras`` in turn (one adapter per request)."""
+    return [loras[i % len(loras)] for i in range(count)]
 
 
 def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) -> dict:
@@ -111,10 +118,11 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
     engine = llm.llm_engine
     kind = RequestOutputKind[getattr(args, "output_kind", "final_only").upper()]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, output_kind=kind) for n in outputs]
-    warm_up(llm, prompts)
+    loras = getattr(args, "lora_requests", None)
+    warm_up(llm, prompts, loras=loras)
     result = timed_run(engine, prompts, outputs, params, getattr(args, "phase_timers", False), "",
-                       getattr(args, "step_trace", False))
-    result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-")["output_tokens_per_s"]
+                       getattr(args, "step_trace", False), loras)
+    result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-", loras=loras)["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
@@ -130,10 +138,12 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
     return result
 
 
-def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: str, step_trace: bool = False) -> dict:
+def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: str, step_trace: bool = False,
+              loras: list | None = None) -> dict:
     """One timed pass of the workload through ``engine``: its throughput, latencies and KV occupancy.
 
-    ``step_trace`` adds where the wall time went by batch size (:func:`summarise_trace`).
+    ``step_trace`` adds where the wall time went by batch size (:func:`summarise_trace`); ``loras``: request
+    ``i`` uses adapter ``loras[i % len(loras)]``.
     """
     produced, steps, occupancy, metrics, trace = 0, 0, [], {}, []
     engine.device_wait_seconds = 0.0
@@ -144,7 +154,7 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
     with TritonCompileWatch() as builds:
         start = time.perf_counter()
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            engine.add_request(f"{id_prefix}{i}", prompt, sp)
+            engine.add_request(f"{id_prefix}{i}", prompt, sp, lora_request=loras[i % len(loras)] if loras else None)
         decode_steps = []  # wall seconds of steps taken once every prompt is admitted
         admitted = False
         last = time.perf_counter()
@@ -335,9 +345,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=["random", "peer-w1", "peer-w2"], default="random")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_workload_args(parser)
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags that ``make_llm`` reads (but ``--num-scheduler-steps``), the seed and the roofline's
+    rates, shared with the benchmarks that run ``run_tessera``."""
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-space", type=float, default=4.0)
@@ -345,17 +355,23 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="prefix caching (on by default, as the engine)")
-    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[None], metavar="N",
-                        help="decode steps per host iteration (multi-step scheduling; default: the engine "
-                             "sizes windows itself); several values run one engine per value, in turn")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="awq | gptq | fp8 (dummy weights: random packed)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 | fp8_e4m3 (the KV cache's storage)")
-    parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
-    parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--copy-gbps", type=float, default=4250.0, help="measured copy bandwidth (roofline)")
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(parser)
+    add_engine_args(parser)
+    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[None], metavar="N",
+                        help="decode steps per host iteration (multi-step scheduling; default: the engine "
+                             "sizes windows itself); several values run one engine per value, in turn")
+    parser.add_argument("--peer", choices=["transformers", "none"], default="transformers")
+    parser.add_argument("--peer-batch-size", type=int, default=0, help="static batch size (0: all prompts)")
     parser.add_argument("--phase-timers", action="store_true", help="report host seconds per step phase")
     parser.add_argument("--step-trace", action="store_true",
                         help="report wall and device-wait seconds by batch size (rows running at each step)")

@@ -16,6 +16,8 @@
 #                    --num-scheduler-steps 8 (fixed windows)
 #   w2-floor         W2's model with 1, 16 and 64 requests of 100 in / 1,024 out (the per-step floor)
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
+#   lora             W1 without LoRA, then over 8 rank-16 adapters (all in every batch); decode steps at batch 64
+#                    with and without them (lora_throughput.py)
 #   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
@@ -40,6 +42,8 @@
 #                    same token check with AWQ and FP8 weights
 #   table            check w1 w2 w3 quantization serving (the performance table on one H200)
 #
+# On a lent device machine, where only a few files come back, run with OUT=/tmp/res and pack /tmp/res into one
+# archive in the machine's own output folder at the end.
 # Each step logs to $OUT/<step>.log (Python stacks dumped there if it runs past its limit) and writes its
 # results to $OUT (default /tmp/out) named <workload>_<device>_<date>[_<run>].json, each stamped with the
 # commit measured (git, or .gpucache/COMMIT) and the step that reproduces it. Copy them to
@@ -132,6 +136,8 @@ for step in "$@"; do
   w2-floor) for b in 1 16 64; do run_step w2-floor-$b 150 $TP --model $M05 --num-prompts $b --input-len 100 \
       --output-len 1024 --max-model-len 2048 --num-scheduler-steps 8 --output-json "$(name w2-floor-$b)"; done ;;
   w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;
+  lora) run_step lora 560 $PY benchmarks/lora_throughput.py --load-format dummy --dtype bfloat16 $W1 --num-adapters 8 \
+      --lora-rank 16 --output-json "$(name lora-w1)" ;;
   kv-fp8)
     run_step w3-kv-auto 300 $TP $W3 --output-json "$(name w3-kv-auto)"
     run_step w3-kv-fp8 300 $TP $W3 --kv-cache-dtype fp8 --output-json "$(name w3-kv-fp8)"

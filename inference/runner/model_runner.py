@@ -121,13 +121,19 @@ class ModelRunner:
             return "from the checkpoint"
         if not config.cache.calculate_kv_scales:
             return "1.0 (--no-calculate-kv-scales)"
-        capacity = min(self.num_blocks * self.block_size, config.max_model_len)
-        token_ids = kv_scales.calibration_token_ids(config.tokenizer, min(capacity, kv_scales.CALIBRATION_TOKENS))
-        if not token_ids:
+        sequences = kv_scales.calibration_sequences(
+            config.tokenizer, min(self.num_blocks * self.block_size, config.max_model_len))
+        if not sequences:
             return "1.0 (no tokenizer to calibrate with)"
-        scales = kv_scales.calibrate(self.model, token_ids, self.kv_caches, self.block_size, self.device,
-                                     self.attention_backend)
-        return f"calibrated on {len(token_ids)} tokens: {kv_scales.describe(scales)}"
+        # a cache of the model's dtype for the calibration prompts: every layer sees the keys and values of the
+        # layers before it unrounded, so the scales are those of the model, not of a 1.0-scaled FP8 cache
+        blocks = -(-max(map(len, sequences)) // self.block_size)
+        float_caches = [torch.zeros((2, blocks, self.block_size, self.num_kv_heads, self.head_dim),
+                                    dtype=config.dtype, device=self.device) for _ in range(self.num_layers)]
+        scales = kv_scales.calibrate(self.model, sequences, float_caches, self.block_size, self.device,
+                                     self.attention_backend, self.tp)
+        return (f"calibrated on {len(sequences)} prompts of {max(map(len, sequences))} tokens or fewer: "
+                f"{kv_scales.describe(scales)}")
 
     def _wrap_lora(self, config: EngineConfig):
         """With LoRA on, wrap the model's projections with their adapter slots (:mod:`inference.lora.layers`)."""
