@@ -168,6 +168,15 @@ class EngineArgs:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise InvalidRequestError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                                       f"({self.max_loras}).", param="max_cpu_loras")
+        served = {self.model, self.served_model_name} - {None}
+        for module in parse_lora_modules(self.lora_modules):
+            if module.lora_name in served:
+                raise InvalidRequestError(f"lora_modules: {module.lora_name!r} is the served model's name; an adapter "
+                                          "needs a name of its own.", param="lora_modules")
+            if module.base_model_name is not None and module.base_model_name not in served:
+                raise InvalidRequestError(
+                    f"lora_modules: adapter {module.lora_name!r} names base_model_name {module.base_model_name!r}, "
+                    f"but this engine serves {sorted(served)[0]!r}.", param="lora_modules")
         if self.quantization is not None:
             raise NotSupportedYetError("LoRA adapters on a quantized model are not supported yet (enable_lora with "
                                        f"quantization={self.quantization!r}).")

@@ -192,11 +192,15 @@ def test_lora_flags_are_checked():
                           (dict(max_loras=2, max_cpu_loras=1), "max_cpu_loras"),
                           (dict(lora_modules=["no-equals-sign"]), "lora_modules"),
                           (dict(lora_modules=['{"name": "a"}']), "lora_modules"),
-                          (dict(lora_modules=["a=/x", "a=/y"]), "lora_modules")]:
+                          (dict(lora_modules=["a=/x", "a=/y"]), "lora_modules"),
+                          (dict(lora_modules=["smollm2-135m-instruct=/x"]), "lora_modules"),  # the model's name
+                          (dict(lora_modules=['{"name": "b", "path": "/y", "base_model_name": "other"}']),
+                           "lora_modules")]:
         with pytest.raises(InvalidRequestError) as info:
             EngineArgs(enable_lora=True, **kwargs).create_engine_config()
         assert info.value.param == param, kwargs
-    config = EngineArgs(enable_lora=True, max_loras=2, lora_modules=["a=/x", '{"name": "b", "path": "/y"}'],
+    config = EngineArgs(enable_lora=True, max_loras=2, lora_modules=[
+                            "a=/x", '{"name": "b", "path": "/y", "base_model_name": "smollm2-135m-instruct"}'],
                         max_model_len=256).create_engine_config()
     assert config.lora.max_cpu_loras == 2
     assert [(m.lora_name, m.lora_int_id, m.lora_path) for m in config.lora.modules] == [("a", 1, "/x"), ("b", 2, "/y")]

@@ -192,15 +192,25 @@ def test_bad_adapters_are_refused_naming_the_limit_and_nothing_is_registered(lor
         error = json.loads(raw)["error"]
         assert (got, error["param"]) == (status, param), (body, raw)
         assert all(w in error["message"] for w in words), (body, error["message"])
-    _, secret = ApiKey.issue(make_tenant())
+    key, secret = ApiKey.issue(make_tenant())
     got, raw = _load(s, {"lora_name": "x", "lora_path": str(folder / "owned")}, bearer(secret))
     assert got == 403 and json.loads(raw)["error"]["code"] == "permission_denied"
+    # once tenants have keys, a request without one is no longer the operator's (this server has no --api-key)
+    got, raw = _load(s, {"lora_name": "x", "lora_path": str(folder / "owned")})
+    assert got == 403 and "--api-key" in json.loads(raw)["error"]["message"], raw
+    key.revoke()
     assert not LoRAAdapter.objects.filter(name="x").exists() and not s.redis.hexists("tessera:lora:adapters", "x")
     assert "x" not in _models(s)
 
 
 def test_runtime_load_reaches_every_worker_a_later_one_too_and_unload_removes_it(lora_stack):
+    """On a server without --api-key and no tenant keys (earlier tests' keys revoked) a request without a key
+    is the operator's."""
     s, folder, reference = lora_stack
+    from django.utils import timezone
+
+    from tenants.models import ApiKey
+    ApiKey.objects.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
     status, text = _load(s, {"lora_name": "runtime", "lora_path": str(folder / "owned")})
     assert status == 200 and "runtime" in text, text
     assert _models(s)["runtime"]["parent"] == MODEL

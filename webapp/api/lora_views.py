@@ -2,8 +2,10 @@
 
 Served only with ``TESSERA_ALLOW_RUNTIME_LORA_UPDATING=1`` (vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``;
 otherwise 404, as in vLLM where the routes do not exist), and only to the operator: a request with the
-deployment key (``--api-key``), or any request where the server needs no key. A tenant key is refused (403):
-a tenant's adapters are registered in the admin or with ``manage.py lora_adapter``.
+deployment key (``--api-key``), or, on a server without a deployment key, a request without a key while no
+tenant has a key (a development server). A tenant key is refused (403), and so is a request without a key once
+tenants have keys but the server has no deployment key: a tenant's adapters are registered in the admin or with
+``manage.py lora_adapter``.
 
 A load is checked before anything is registered: the body, the name (not taken by an adapter or a
 model), the folder and its ``adapter_config.json`` (here), then the rank, the files and the shapes by a
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse
 
@@ -22,8 +25,9 @@ from inference import LoRARequest
 from inference.errors import InvalidRequestError
 from inference.lora.checkpoint import read_adapter_config
 from tenants.identity import Caller
+from tenants.models import ApiKey
 from webapp.catalog.lora import check_on_ready_worker
-from webapp.catalog.models import NAME_RULE, LoRAAdapter
+from webapp.catalog.models import NAME_MAX_LENGTH, NAME_RULE, LoRAAdapter
 from webapp.env import ENV
 from webapp.serving.client import model_workers
 
@@ -34,22 +38,34 @@ from .protocol import Body, parse_json_body
 from .served import live_models, resolve_served_model
 
 
-def _check_allowed(caller: Caller) -> None:
-    """Raises: APIError 404 while runtime updating is off; 403 for a tenant key."""
+async def _check_allowed(caller: Caller) -> None:
+    """Raises: APIError 404 while runtime updating is off; 403 for a tenant key, or for a request without a key
+    when tenants have keys and the server has no deployment key."""
     if not ENV.allow_runtime_lora_updating:
         raise not_found("Runtime LoRA adapter loading is off: the operator turns it on with "
                         "TESSERA_ALLOW_RUNTIME_LORA_UPDATING=1.", code="not_found")
     if caller.key_id is not None:
         raise APIError("Only the operator (the deployment's --api-key, or a server without keys) may load or unload "
                        "LoRA adapters; a tenant's adapters are added in the admin.", 403, code="permission_denied")
+    if not settings.TESSERA.get("API_KEY") and await _tenants_have_keys():
+        raise APIError("Tenants have API keys: loading and unloading LoRA adapters at run time needs the deployment "
+                       "key (start the server with --api-key and send it as the Bearer key).", 403,
+                       code="permission_denied")
+
+
+@sync_to_async
+def _tenants_have_keys() -> bool:
+    return ApiKey.objects.filter(revoked_at__isnull=True).exists()
 
 
 def _name(body: Body) -> str:
     name = body.get("lora_name", str, None)
     if not name:
         raise bad_request("'lora_name' (a non-empty string) is required.", param="lora_name")
-    if not NAME_RULE.regex.match(name) or len(name) > 200:
-        raise bad_request(f"'lora_name' {name[:200]!r}: {NAME_RULE.message}", param="lora_name")
+    if len(name) > NAME_MAX_LENGTH:
+        raise bad_request(f"'lora_name' is {len(name)} characters long; at most {NAME_MAX_LENGTH}.", param="lora_name")
+    if not NAME_RULE.regex.match(name):
+        raise bad_request(f"'lora_name' {name!r}: {NAME_RULE.message}", param="lora_name")
     return name
 
 
@@ -57,7 +73,7 @@ def _name(body: Body) -> str:
 async def load_lora_adapter(request: HttpRequest, caller: Caller) -> HttpResponse:
     """POST /v1/load_lora_adapter ``{"lora_name", "lora_path"}`` (optional ``base_model_name``: which served
     model; needed when several are live). 200 with vLLM's text once registered; 400 naming the field or limit."""
-    _check_allowed(caller)
+    await _check_allowed(caller)
     body = Body(parse_json_body(request.body))
     name = _name(body)
     path = body.get("lora_path", str, None)
@@ -95,7 +111,7 @@ async def load_lora_adapter(request: HttpRequest, caller: Caller) -> HttpRespons
 async def unload_lora_adapter(request: HttpRequest, caller: Caller) -> HttpResponse:
     """POST /v1/unload_lora_adapter ``{"lora_name"}``: unregistered, and unloaded by every worker (requests
     already queued with it still run). 404 for an adapter that was not loaded at run time."""
-    _check_allowed(caller)
+    await _check_allowed(caller)
     name = _name(Body(parse_json_body(request.body)))
     deleted, _ = await sync_to_async(LoRAAdapter.objects.filter(name=name).delete)()
     if not deleted:

@@ -22,6 +22,7 @@ from .sources import validate_adapter_path, validate_source
 
 DTYPES = [("auto", "auto (float32 on CPU, the checkpoint's on GPU)"), ("float32", "float32"),
           ("bfloat16", "bfloat16"), ("float16", "float16")]
+NAME_MAX_LENGTH = 200  # characters of a served model's or an adapter's name
 NAME_RULE = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
                            "Use letters, digits and . _ : / - (starting with a letter or digit).")
 
@@ -32,7 +33,7 @@ class ServedModel(models.Model):
     ``enabled`` off: the model cannot be loaded (a loaded one keeps serving until unloaded).
     """
 
-    name = models.CharField(max_length=200, unique=True, validators=[NAME_RULE],
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[NAME_RULE],
                             help_text="The name clients send as \"model\" (vLLM's --served-model-name).")
     source = models.CharField(max_length=1000, validators=[validate_source],
                               help_text="The packaged model's name (smollm2-135m-instruct), a Hugging Face model "
@@ -85,10 +86,10 @@ class LoRAAdapter(models.Model):
     without a tenant it is public, open to every tenant allowed its base model.
     """
 
-    name = models.CharField(max_length=200, unique=True, validators=[NAME_RULE],
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[NAME_RULE],
                             help_text="The name clients send as \"model\" (vLLM's lora_name); unique in the "
                                       "deployment.")
-    base_model = models.CharField(max_length=200, validators=[NAME_RULE],
+    base_model = models.CharField(max_length=NAME_MAX_LENGTH, validators=[NAME_RULE],
                                   help_text="The served model it runs on (the name its workers serve).")
     path = models.CharField(max_length=1000, validators=[validate_adapter_path],
                             help_text="The PEFT adapter's folder (adapter_config.json and "

@@ -21,6 +21,8 @@ from inference.sampling_params import SamplingParams
 from .lora_adapters import EngineAdapters
 
 logger = logging.getLogger(__name__)
+# the parameters an adapter's own load errors name (inference.lora.checkpoint): not the request's fault
+_ADAPTER_PARAMS = frozenset({"lora_path", "max_lora_rank", "target_modules", "lora_int_id"})
 
 IDLE_POLL = 0.2  # seconds an idle loop waits on its inbox before refreshing stats
 ABORT_MEMORY = 120.0  # seconds an abort for a request not seen yet is remembered
@@ -250,7 +252,16 @@ class EngineLoop(threading.Thread):
                                     cache_salt=request.cache_salt, tenant_id=request.tenant_id, lora_request=lora)
         except (InvalidRequestError, NotSupportedYetError) as error:
             self._slots.release()
-            self._on_rejected(request.request_id, 400, str(error), getattr(error, "param", None))
+            param = getattr(error, "param", None)
+            if request.lora_name is not None and param in _ADAPTER_PARAMS:
+                # a registered adapter that no longer loads (its folder moved, its files changed): the
+                # operator's fault, not the client's; the folder stays out of the answer
+                logger.warning("LoRA adapter %r did not load for request %s: %s", request.lora_name,
+                               request.request_id, error)
+                self._on_rejected(request.request_id, 503, f"The LoRA adapter '{request.lora_name}' could not be "
+                                  "loaded by the worker (its log says why).", None)
+                return
+            self._on_rejected(request.request_id, 400, str(error), param)
             return
         self._active.add(request.request_id)
 
