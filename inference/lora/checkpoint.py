@@ -87,6 +87,9 @@ def read_adapter_config(request: LoRARequest) -> dict:
             (``"lora_path"``); a target outside :data:`TARGET_MODULES` (``"target_modules"``).
     """
     folder = Path(request.lora_path)
+    if request.lora_path and folder.is_file():
+        raise _fail(request, "a file, not a folder: an adapter is a folder holding adapter_config.json and "
+                             "adapter_model.safetensors.")
     if not request.lora_path or not folder.is_dir():
         raise _fail(request, "no such folder.")
     path = folder / CONFIG_FILE

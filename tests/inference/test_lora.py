@@ -143,7 +143,9 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     key = next(k for k in weights if "q_proj.lora_A" in k)
     weights[key] = torch.zeros(8, 1024)
     save_file(weights, wrong_shape / "adapter_model.safetensors")
+    (tmp_path / "a-file").write_text("{}")
     cases = [(bad(tmp_path / "missing"), "lora_path", "no such folder"),
+             (bad(tmp_path / "a-file"), "lora_path", "a file, not a folder"),
              (bad(malformed), "lora_path", "not valid JSON"),
              (adapters["requests"]["b"], "max_lora_rank", "r=16 is above max_lora_rank=8"),
              (bad(other_targets), "target_modules", "embed_tokens"),

@@ -169,11 +169,21 @@ def _load(s: Stack, body: dict, headers: dict | None = None) -> tuple[int, str]:
     return status, raw.decode()
 
 
+def _revoke_tenant_keys() -> None:
+    """Revoke earlier tests' tenant keys: on this server (no --api-key) a request without a key is then the
+    operator's, as on a development server."""
+    from django.utils import timezone
+
+    from tenants.models import ApiKey
+    ApiKey.objects.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
 def test_bad_adapters_are_refused_naming_the_limit_and_nothing_is_registered(lora_stack, tmp_path):
     from tenants.models import ApiKey
     from webapp.catalog.models import LoRAAdapter
 
     s, folder, _ = lora_stack
+    _revoke_tenant_keys()
     malformed = tmp_path / "malformed"
     malformed.mkdir()
     (malformed / "adapter_config.json").write_text("{not json")
@@ -207,10 +217,7 @@ def test_runtime_load_reaches_every_worker_a_later_one_too_and_unload_removes_it
     """On a server without --api-key and no tenant keys (earlier tests' keys revoked) a request without a key
     is the operator's."""
     s, folder, reference = lora_stack
-    from django.utils import timezone
-
-    from tenants.models import ApiKey
-    ApiKey.objects.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    _revoke_tenant_keys()
     status, text = _load(s, {"lora_name": "runtime", "lora_path": str(folder / "owned")})
     assert status == 200 and "runtime" in text, text
     assert _models(s)["runtime"]["parent"] == MODEL

@@ -48,7 +48,9 @@ def validate_adapter_path(path: str) -> None:
     Raises:
         ValidationError: the engine's reason, naming the folder or the field.
     """
+    request = LoRARequest("adapter", 1, path.strip())  # the field's own check: the name is not known here
     try:
-        read_adapter_config(LoRARequest("adapter", 1, path.strip()))
+        read_adapter_config(request)
     except InvalidRequestError as error:
-        raise ValidationError(str(error)) from None
+        prefix = f"LoRA adapter {request.lora_name!r} (lora_path={request.lora_path!r}): "
+        raise ValidationError(f"{request.lora_path}: {str(error).removeprefix(prefix)}") from None
