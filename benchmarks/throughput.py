@@ -23,7 +23,6 @@ import json
 import platform
 import random
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from step_profile import PhaseTimers, TritonCompileWatch, kernel_table
+from transformers_peer import run_alternating, run_transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -263,74 +263,6 @@ def roofline(ours: dict, prompts, outputs, copy_gbps: float, matmul_tflops: floa
             "fraction_of_roofline": bound / ours["seconds"]}
 
 
-def load_transformers(model_dir: str, device: str, dtype: str):
-    """The same weights as the engine's (``hf_model_dir``: for a GGUF model, its float32 dequantized form)
-    in transformers' ``AutoModelForCausalLM``."""
-    from transformers import AutoModelForCausalLM
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
-
-
-def run_transformers(model_dir: str, device: str, dtype: str, prompts, outputs, batch_size: int) -> dict:
-    return transformers_generate(load_transformers(model_dir, device, dtype), device, prompts, outputs, batch_size)
-
-
-@torch.inference_mode()
-def transformers_generate(model, device: str, prompts, outputs, batch_size: int) -> dict:
-    """Greedy ``generate`` over the prompts in static batches of ``batch_size``, each batch to its longest
-    requested output (counted as the requested tokens only)."""
-    start = time.perf_counter()
-    for first in range(0, len(prompts), batch_size):
-        batch, lens = prompts[first:first + batch_size], outputs[first:first + batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        model.generate(ids, attention_mask=mask, max_new_tokens=max(lens), min_new_tokens=max(lens),
-                       do_sample=False, eos_token_id=None, pad_token_id=0)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    produced = sum(outputs)
-    return {"seconds": elapsed, "output_tokens": produced, "output_tokens_per_s": produced / elapsed,
-            "batch_size": batch_size}
-
-
-def run_alternating(args, prompts, outputs) -> dict:
-    """``--rounds R``: the workload R times through Tessera's ``LLM.generate`` and R times through transformers'
-    ``generate`` (one static batch), in one process on the same weights and torch threads, alternating: round
-    ``i`` runs Tessera first when ``i`` is even, transformers first when odd, so that a change in the machine's
-    load (a shared CPU) reaches both sides alike. Both are warmed up first. Reports output tok/s of every
-    round, their medians and the ratio of the medians (with ``ratio_per_round``: Tessera's round over
-    transformers' round beside it)."""
-    llm = make_llm(args)
-    engine = llm.llm_engine
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
-    peer = load_transformers(engine.config.model_dir, engine.config.device,
-                             str(engine.config.dtype).replace("torch.", ""))
-
-    def tessera() -> float:
-        start = time.perf_counter()
-        done = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        assert sum(len(o.outputs[0].token_ids) for o in done) == sum(outputs)
-        return sum(outputs) / elapsed
-
-    def transformers() -> float:
-        return transformers_generate(peer, engine.config.device, prompts, outputs, len(prompts))["output_tokens_per_s"]
-
-    tessera(), transformers()  # warm-up
-    ours, theirs = [], []
-    for r in range(args.rounds):
-        for side in ((tessera, transformers) if r % 2 == 0 else (transformers, tessera)):
-            (ours if side is tessera else theirs).append(side())
-        print(f"round {r}: Tessera {ours[-1]:8.2f}  transformers {theirs[-1]:8.2f} output tok/s")
-    median = statistics.median
-    return {"rounds": args.rounds, "tessera_output_tokens_per_s": ours, "transformers_output_tokens_per_s": theirs,
-            "tessera_median": median(ours), "transformers_median": median(theirs),
-            "ratio": median(ours) / median(theirs), "ratio_per_round": [a / b for a, b in zip(ours, theirs)],
-            "device": engine.config.device, "dtype": str(engine.config.dtype), "hf_model_dir": engine.config.model_dir}
-
-
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """The model and the random workload's lengths, shared with the benchmarks that draw workloads here."""
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -419,7 +351,7 @@ def main() -> None:
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
     if args.rounds:
-        result["alternating"] = alt = run_alternating(args, prompts, outputs)
+        result["alternating"] = alt = run_alternating(make_llm(args), args.rounds, prompts, outputs)
         print(f"median Tessera {alt['tessera_median']:.2f}, transformers {alt['transformers_median']:.2f} output "
               f"tok/s: {alt['ratio']:.2f}x")
         write_result(result, args.output_json, f"alternating_{args.model.replace('/', '_')}_{alt['device']}.json")

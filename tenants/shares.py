@@ -16,6 +16,7 @@ from django.db import DatabaseError, transaction
 
 from webapp.serving.tenant_shares import encode_share
 from webapp.transport.keys import SHARES_KEY, VERSION_KEY
+from webapp.transport.published_hash import replace_hash
 
 from .models import Tenant
 
@@ -48,12 +49,7 @@ def publish(client: redis.Redis | None = None) -> bool:
         return False
     mapping = {slug: encode_share(share, priority) for slug, share, priority in rows}
     try:
-        with client.pipeline(transaction=True) as pipe:
-            pipe.delete(SHARES_KEY)
-            if mapping:
-                pipe.hset(SHARES_KEY, mapping=mapping)
-            pipe.incr(VERSION_KEY)
-            pipe.execute()
+        replace_hash(client, SHARES_KEY, VERSION_KEY, mapping)
     except redis.RedisError as error:
         logger.warning("could not publish tenant shares to Redis: %s", error)
         return False

@@ -17,6 +17,7 @@ from django.db import DatabaseError, transaction
 from webapp.serving import worker_registry
 from webapp.serving.lora_registry import CheckResult, check_on_worker
 from webapp.transport.keys import LORA_ADAPTERS_KEY, LORA_VERSION_KEY
+from webapp.transport.published_hash import replace_hash
 
 from .models import LoRAAdapter
 
@@ -37,12 +38,7 @@ def publish(client: redis.Redis | None = None) -> bool:
         logger.warning("could not read the LoRA adapters to publish them: %s", error)
         return False
     try:
-        with client.pipeline(transaction=True) as pipe:
-            pipe.delete(LORA_ADAPTERS_KEY)
-            if mapping:
-                pipe.hset(LORA_ADAPTERS_KEY, mapping=mapping)
-            pipe.incr(LORA_VERSION_KEY)
-            pipe.execute()
+        replace_hash(client, LORA_ADAPTERS_KEY, LORA_VERSION_KEY, mapping)
     except redis.RedisError as error:
         logger.warning("could not publish the LoRA adapters to Redis: %s", error)
         return False
