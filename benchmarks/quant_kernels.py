@@ -118,7 +118,8 @@ def _fp8_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], sweep: bool, num_sms: int) -> dict:
     """Check and time the four kernels on one linear shape at each row count in ``batch_sizes``."""
     from inference.quantization.triton_w4a16 import w4a16_gemm
-    from inference.quantization.triton_w4a16_decode import MAX_DECODE_ROWS, DecodeConfig, w4a16_decode
+    from inference.quantization.triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
+    from inference.quantization.triton_w4a16_launch import DecodeConfig
 
     bf16_bytes = 2 * K * N
     copies = max(2, min(32, math.ceil(ROTATE_BYTES / (K * N // 2))))  # the int4 copies alone overflow L2

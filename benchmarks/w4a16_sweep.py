@@ -103,7 +103,7 @@ def _previous_decode_config(M: int, N: int, K: int, num_sms: int):
     """The decode kernel's config before the packed subtraction (commit 5d4ffe8): up to 16 rows the library's
     own (``decode_config`` went back to it there), above 16 the all-ones MMA with 64-column tiles, 4 splits."""
     import triton
-    from inference.quantization.triton_w4a16_decode import DecodeConfig, decode_config
+    from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config
     if M <= 16:
         return decode_config(M, N, K, num_sms)
     split_k = max(1, min(4, triton.cdiv(K, packing.PACK_K) // 3))
@@ -205,7 +205,8 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     """Microseconds and int4 GB/s of the decode kernel under configs around ``decode_config``."""
     from dataclasses import replace
 
-    from inference.quantization.triton_w4a16_decode import decode_config, w4a16_decode
+    from inference.quantization.triton_w4a16_decode import w4a16_decode
+    from inference.quantization.triton_w4a16_launch import decode_config
     base = decode_config(M, N, K, num_sms)
     configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
                "split_half": replace(base, split_k=max(1, base.split_k // 2)),

@@ -17,7 +17,8 @@ from inference.quantization import QuantizationConfig, packing  # noqa: E402
 from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
 from inference.quantization.linear import QuantizedLinear  # noqa: E402
 from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
-from inference.quantization.triton_w4a16_decode import DecodeConfig, decode_config, w4a16_decode  # noqa: E402
+from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
+from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config  # noqa: E402
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 

@@ -1,0 +1,78 @@
+"""Host side of the W4A16 decode kernels (:mod:`.triton_w4a16_decode`) and of the split-K launches that share
+their epilogue (the FP8 GEMM's too): the K split and its workspace, and the decode kernel's config by shape."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .packing import PACK_K
+
+
+@dataclass(frozen=True)
+class SplitKPlan:
+    """Host side of a split-K launch whose epilogue is ``_finish``: the grid ``(N tiles, M tiles,
+    splits)``, K tiles per split, and the workspace (``partial``, ``counters``) that splits need."""
+
+    grid: tuple[int, int, int]
+    tiles_per_split: int
+    partial: torch.Tensor
+    counters: torch.Tensor | None
+
+
+def plan_split_k(M: int, N: int, k_tiles: int, split_k: int, block_m: int, block_n: int, out: torch.Tensor,
+                 counters: torch.Tensor | None, what: str) -> SplitKPlan:
+    """The launch of ``k_tiles`` K tiles cut into at most ``split_k`` non-empty splits, writing ``out``.
+    With more than one split: a ``[splits, M, N]`` float32 workspace, and ``counters`` (allocated as zeros
+    when None; they are left zero by the kernel). ``partial`` is ``out`` itself with one split.
+
+    Raises:
+        ValueError: fewer ``counters`` than output tiles (``what`` names the kernel in the message).
+    """
+    tiles_per_split = triton.cdiv(k_tiles, split_k)
+    splits = triton.cdiv(k_tiles, tiles_per_split)
+    grid = (triton.cdiv(N, block_n), triton.cdiv(M, block_m), splits)
+    partial = out
+    if splits > 1:
+        partial = torch.empty((splits, M, N), dtype=torch.float32, device=out.device)
+        if counters is None:
+            counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
+        if counters.numel() < grid[0] * grid[1]:
+            raise ValueError(f"{what}: {counters.numel()} split-K counters for {grid[0] * grid[1]} tiles")
+    return SplitKPlan(grid, tiles_per_split, partial, counters)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages."""
+
+    block_n: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
+    zero_in_regs: bool = True  # tile kernel: zero point subtracted before the MMA, not by a second MMA
+
+
+def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweep of both variants
+    (``w4a16-sweep_h100_2026-12-05.json``, the 7B shapes):
+
+    - up to 16 rows, the kernel that takes each tile's ``sum(x)`` from an all-ones MMA, 64-column tiles (128 for
+      N >= 16384): faster there than the zero point subtracted in registers on gate_up, qkv and o (by 0-21%;
+      down at one row is 8% slower);
+    - above 16 rows, the zero point subtracted in registers with one MMA per tile and 128-column output tiles
+      (64-column ones put the A operand through shared memory: ``benchmarks/compile_sm90.py``): 1.27x the
+      other on gate_up at 32 rows.
+
+    Both split K to the power of two nearest to about four programs per SM up to 16 rows, two above; at most 16
+    splits, each of at least three 128-row K tiles."""
+    k_tiles = triton.cdiv(K, PACK_K)
+    small = M <= 16
+    block_n = (128 if N >= 16384 else 64) if small else 128
+    programs_per_sm = 4 if small else 2
+    split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
+    split_k = max(1, min(split_k, 16, k_tiles // 3))
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small)
