@@ -2,7 +2,8 @@
 # `make gpu-pack`: builds everything a GPU host needs beside the repository, from the project's own files
 # (both folders git-ignored; carry them to the host with the tree):
 #   .gpuserve/  the web stack's wheels for CPython 3.12 (.gpuserve/whl), newer copies of packages the GPU image
-#               has in older versions (.gpuserve/whl-ifold, installed there only where needed), and this
+#               has in older versions (.gpuserve/whl-ifold, installed there only where needed), peft and
+#               accelerate for the LoRA tests' reference (.gpuserve/whl-test), and this
 #               machine's redis-server with its libraries (.gpuserve/redis: lib/ those images tend to lack,
 #               lib-extra/ the rest, taken only where missing): for the steps serving and tenants
 #   .gpucache/  qwen2.5-0.5b and qwen2.5-7b (config and tokenizer, random weights at load), smollm2-tok
@@ -25,6 +26,10 @@ $PY -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .gpuserve/whl-engine "$(grep '^xgrammar' requirements.txt)" apache-tvm-ffi pydantic pydantic-core \
   annotated-types typing-inspection
+# peft and accelerate (pure Python), for the lora-tests step's reference (transformers + peft).
+mkdir -p .gpuserve/whl-test
+$PY -m pip download -q --only-binary=:all: --no-deps -d .gpuserve/whl-test \
+  "$(grep '^peft' requirements.txt)" "$(grep '^accelerate' requirements.txt)"
 # py-spy, for the serving step's optional profile (PROFILE=1).
 mkdir -p .gpuserve/tools
 $PY -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \

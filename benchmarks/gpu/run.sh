@@ -9,6 +9,8 @@
 #   check            CUDA graphs vs eager, Triton vs the PyTorch reference, async vs sync steps (gpu_check.py)
 #   gpu-tests        the Triton kernel tests at real shapes and dtypes: attention, argmax, window graphs, FP8,
 #                    W4A16, fused layers and the Triton-backend engine against transformers (pytest)
+#   lora-tests       the LoRA kernels against their reference, and the engine with adapters (CUDA graphs, Triton
+#                    kernels) against transformers + peft on a tiny model (pytest; needs .gpuserve/whl-test)
 #   w1               W1: Qwen2.5-7B shape, bf16, 256 prompts x 1024 in / 512 out (throughput.py)
 #   w1-fp8           W1 with --quantization fp8
 #   w2               W2: Qwen2.5-0.5B shape, nano-vllm's workload (256 x U[100, 1024] in and out), at default
@@ -20,6 +22,7 @@
 #                    with and without them (lora_throughput.py)
 #   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
+#                    (with --step-trace: where the wall time went, by batch size)
 #   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
 #                    caching off and on (prefix_caching.py --workloads batch)
 #   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
@@ -129,6 +132,12 @@ for step in "$@"; do
       tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py \
       tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
+  lora-tests)
+    $PY -m pip install -q --no-index --no-deps --target /tmp/site-test .gpuserve/whl-test/*.whl
+    PYTHONPATH=/tmp/site-test${PYTHONPATH:+:$PYTHONPATH} TESSERA_TEST_TOKENIZER=.gpucache/smollm2-tok \
+      run_step lora-tests 300 $PY -m pytest -q -p no:cacheprovider tests/inference/test_triton_lora.py \
+      tests/inference/test_lora_device.py
+    cp "$OUT/lora-tests.log" "$OUT/lora-tests_${GPU}_${DATE}.log" ;;
   w1) run_step w1 200 $TP $W1 --output-json "$(name w1)" ;;
   w1-fp8) run_step w1-fp8 200 $TP $W1 --quantization fp8 --output-json "$(name w1-fp8)" ;;
   w2) for r in 1 2; do run_step w2-r$r 200 $TP $W2 --output-json "$(name w2 "" _r$r)"; done
@@ -145,11 +154,11 @@ for step in "$@"; do
     run_step w1-kv-auto 200 $TP $W1 --output-json "$(name w1-kv-auto)" ;;
   prefix-cost)
     for r in a b; do
-      run_step w1-nopc-$r 200 $TP $W1 --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
-      run_step w1-pc-$r 200 $TP $W1 --output-json "$(name w1-prefix-on "" _$r)"
+      run_step w1-nopc-$r 200 $TP $W1 --step-trace --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
+      run_step w1-pc-$r 200 $TP $W1 --step-trace --output-json "$(name w1-prefix-on "" _$r)"
     done
-    run_step w2-nopc 200 $TP $W2 --no-enable-prefix-caching --output-json "$(name w2-prefix-off)"
-    run_step w2-pc 200 $TP $W2 --output-json "$(name w2-prefix-on)" ;;
+    run_step w2-nopc 200 $TP $W2 --step-trace --no-enable-prefix-caching --output-json "$(name w2-prefix-off)"
+    run_step w2-pc 200 $TP $W2 --step-trace --output-json "$(name w2-prefix-on)" ;;
   prefix-ttft) run_step prefix-ttft 360 $PY benchmarks/prefix_caching.py --model $M7 --load-format dummy \
       --dtype bfloat16 --workloads batch --num-prompts 256 --system-len 1024 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;

@@ -1,0 +1,99 @@
+"""LoRA on a GPU: the Triton shrink/expand kernels inside the whole engine, with CUDA graphs, give transformers +
+peft's greedy tokens for requests of two adapters and of the base model in one batch; and the graphs give the
+eager engine's tokens when the adapters of the batch change between steps (their indices are graph inputs).
+
+On the CPU the LoRA layers run the PyTorch reference, which ``test_lora.py`` checks on the packaged model;
+these tests need a CUDA device (the packaged GGUF is too large to carry to the GPU host: a tiny random model)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from .triton_interpreter import HAS_CUDA
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="the LoRA kernels inside the engine on a CUDA device")
+
+from inference import LLM, LoRARequest, SamplingParams  # noqa: E402
+
+from .conftest import free_device_memory, hf_greedy, make_tiny_model  # noqa: E402
+from .lora_adapters import ALL_TARGETS, make_peft_adapter  # noqa: E402
+
+NUM_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_with_adapters(tmp_path_factory, smollm2_tokenizer):
+    """A tiny Llama, adapters ``a`` (rank 8, all projections) and ``b`` (rank 16, rsLoRA, five projections),
+    four prompts and transformers + peft's greedy tokens for each prompt under the base model, ``a`` and ``b``."""
+    from transformers import AutoModelForCausalLM
+    folder = tmp_path_factory.mktemp("lora-device")
+    model_dir = make_tiny_model("llama", folder / "model", smollm2_tokenizer, hidden_size=128, intermediate_size=256)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rng = random.Random(5)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 60))] for _ in range(4)]
+    reference = {None: [hf_greedy(model, p, NUM_TOKENS) for p in prompts]}
+    specs = {"a": dict(r=8, alpha=16, targets=ALL_TARGETS, seed=1, b_std=0.2),
+             "b": dict(r=16, alpha=8, targets=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"], seed=2,
+                       use_rslora=True, b_std=0.2)}
+    for name, spec in specs.items():
+        peft_model = make_peft_adapter(model, folder / name, **spec)
+        reference[name] = [hf_greedy(peft_model, p, NUM_TOKENS) for p in prompts]
+        model = peft_model.unload()
+    assert reference["a"] != reference[None] and reference["b"] != reference[None] != reference["a"]
+    requests = {None: None, "a": LoRARequest("a", 1, str(folder / "a")), "b": LoRARequest("b", 2, str(folder / "b"))}
+    return dict(model=str(model_dir), prompts=prompts, reference=reference, requests=requests)
+
+
+def _engine(model: str, dtype: str, **kwargs) -> LLM:
+    return LLM(model=model, device="cuda", dtype=dtype, max_model_len=128, block_size=16, enable_lora=True,
+               max_lora_rank=16, gpu_memory_utilization=0.3, **kwargs)
+
+
+def _generate(llm: LLM, prompts, loras) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False, lora_request=loras)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _close(llm: LLM) -> None:
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+    llm.close()
+    del kv
+    free_device_memory()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine_kwargs", [dict(), dict(max_num_batched_tokens=32), dict(max_loras=1)],
+                         ids=["graphs", "chunked-prefill", "one-slot"])
+def test_mixed_adapters_on_device_match_transformers_peft(tiny_with_adapters, engine_kwargs):
+    data = tiny_with_adapters
+    prompts, loras, expected = [], [], []
+    for i, prompt in enumerate(data["prompts"]):
+        for name in (None, "a", "b"):
+            prompts.append(prompt)
+            loras.append(data["requests"][name])
+            expected.append(data["reference"][name][i])
+    llm = _engine(data["model"], "float32", **engine_kwargs)
+    assert _generate(llm, prompts, loras) == expected
+    _close(llm)
+
+
+@pytest.mark.timeout(600)
+def test_cuda_graphs_give_eager_tokens_as_the_batch_s_adapters_change(tiny_with_adapters):
+    """bf16, decode batches whose rows change adapter as requests finish at different lengths."""
+    data = tiny_with_adapters
+    names = [None, "a", "b", "a", "b", None, "b", "a"]
+    prompts = [data["prompts"][i % 4] for i in range(len(names))]
+    loras = [data["requests"][n] for n in names]
+    lengths = [4 + 3 * i for i in range(len(names))]
+    tokens = {}
+    for eager in (True, False):
+        llm = _engine(data["model"], "bfloat16", enforce_eager=eager)
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False, lora_request=loras)
+        tokens[eager] = [o.outputs[0].token_ids for o in outs]
+        _close(llm)
+    assert tokens[False] == tokens[True]
