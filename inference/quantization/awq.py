@@ -20,6 +20,9 @@ from . import packing
 N_GRID = 20               # the paper's grid of alpha values (and of clipping ratios down to 0.5)
 MAX_SEARCH_TOKENS = 512   # activations used by the scale search
 MAX_CLIP_TOKENS = 128     # and by the clip search
+# Linears reading another's input: after ``quantize_layer``, ``inputs[SHARED_INPUTS.get(name, name)]`` is what
+# ``name`` reads once the scales are folded.
+SHARED_INPUTS = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
 
 
 def fake_quantize(w: torch.Tensor, group_size: int, sym: bool = False) -> torch.Tensor:
@@ -123,10 +126,12 @@ def apply_clip(linear: nn.Linear, bounds: torch.Tensor, group_size: int) -> None
 
 @torch.no_grad()
 def quantize_layer(layer: nn.Module, inputs: dict[str, torch.Tensor], group_size: int,
-                   n_grid: int = N_GRID) -> dict[str, tuple]:
+                   n_grid: int = N_GRID, scaled_weights: dict[str, torch.Tensor] | None = None) -> dict[str, tuple]:
     """AWQ one Llama-style decoder layer of transformers in place (scales folded, weights clipped and
     replaced by their 4-bit values) from the recorded inputs of its linears (``inputs["q_proj"]`` ...,
     each ``[T, in_features]``), searching ``n_grid`` scale exponents and ``n_grid // 2`` clipping ratios.
+    ``inputs`` is updated to what the scaled linears read; ``scaled_weights``, when given, receives each
+    linear's float weight once the scales are folded, before clipping and rounding (the float model it equals).
     Returns ``{linear name: round_to_nearest(...)}``."""
     attn, mlp = layer.self_attn, layer.mlp
     groups = [(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], "q_proj"),
@@ -141,11 +146,13 @@ def quantize_layer(layer: nn.Module, inputs: dict[str, torch.Tensor], group_size
         inputs[input_name] = x / s        # what the scaled linears now read
     names = {"q_proj": attn.q_proj, "k_proj": attn.k_proj, "v_proj": attn.v_proj, "o_proj": attn.o_proj,
              "gate_proj": mlp.gate_proj, "up_proj": mlp.up_proj, "down_proj": mlp.down_proj}
-    shared = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+    if scaled_weights is not None:
+        scaled_weights.update({name: linear.weight.detach().clone() for name, linear in names.items()})
     result = {}
     for name, linear in names.items():
         if name not in ("q_proj", "k_proj"):  # clipping Q/K hurts attention scores (AWQ)
-            apply_clip(linear, search_clip(inputs[shared.get(name, name)], linear, group_size, n_grid), group_size)
+            apply_clip(linear, search_clip(inputs[SHARED_INPUTS.get(name, name)], linear, group_size, n_grid),
+                       group_size)
         codes, scales, zeros, g_idx = round_to_nearest(linear.weight, group_size)
         result[name] = (codes, scales, zeros, g_idx)
         linear.weight.copy_(packing.dequantize(codes, scales, zeros, g_idx).t().to(linear.weight.dtype))

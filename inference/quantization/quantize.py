@@ -29,6 +29,7 @@ from ..model_loader import check_architecture, load_hf_config, load_tokenizer, r
 from ..model_loader.sources import ResolvedModel, find_packaged_gguf
 from . import awq, gptq, packing
 from .config import QuantizationConfig
+from .layer_error import LayerErrors
 
 logger = logging.getLogger(__name__)
 DATA_DIR = Path(__file__).parent / "data"
@@ -118,7 +119,8 @@ def _run_layer(layer, hidden: torch.Tensor, kwargs: dict, record: dict | None = 
 @torch.no_grad()
 def quantize_model(model: str, output_dir: str | Path, method: str, group_size: int | None = None,
                    desc_act: bool = False, calibration: CalibrationConfig = CalibrationConfig(),
-                   device: str = "cpu") -> Path:
+                   device: str = "cpu", round_to_nearest: bool = False,
+                   layer_errors: LayerErrors | None = None) -> Path:
     """Quantize ``model`` with AWQ or GPTQ (4-bit) and write the checkpoint to ``output_dir``.
 
     Args:
@@ -127,6 +129,10 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
         group_size: input channels per scale (None: the largest of 128/64/32 dividing the layers; -1:
             per output channel).
         desc_act: GPTQ act-order.
+        round_to_nearest: skip AWQ's scale and clipping search and GPTQ's error feedback: min-max rounding
+            per group in the same format (AWQ's asymmetric, GPTQ's symmetric), the baseline both improve on.
+        layer_errors: filled with each linear's output error on the calibration activations it was
+            quantized from (:class:`~.layer_error.LayerErrors`).
     Returns:
         ``output_dir``, holding config.json (with ``quantization_config``), model.safetensors and the tokenizer.
     Raises:
@@ -167,16 +173,39 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     for index, layer in enumerate(hf_model.model.layers):
         inputs: dict[str, torch.Tensor] = {}
         _run_layer(layer, hidden, kwargs, record=inputs)
-        if method == "awq":
-            layer_results = awq.quantize_layer(layer, inputs, group_size, calibration.awq_grid)
+        # the float weights the quantized ones stand for (AWQ: once its scales are folded)
+        float_weights = {name: _linear(layer, name).weight.detach().clone() for name in LINEARS}
+        if round_to_nearest:
+            layer_results = _round_to_nearest_layer(layer, qconfig)
+        elif method == "awq":
+            layer_results = awq.quantize_layer(layer, inputs, group_size, calibration.awq_grid, float_weights)
         else:
             layer_results = _gptq_layer(layer, inputs, qconfig)
+        if layer_errors is not None:
+            for name in LINEARS:
+                layer_errors.add(index, name, inputs[awq.SHARED_INPUTS.get(name, name)], float_weights[name],
+                                 _linear(layer, name).weight)
         for name, result in layer_results.items():
             module = "self_attn" if name in LINEARS[:4] else "mlp"
             results[f"model.layers.{index}.{module}.{name}"] = result
         hidden = _run_layer(layer, hidden, kwargs)
         logger.info("%s: quantized layer %d/%d", method.upper(), index + 1, len(hf_model.model.layers))
     return write_checkpoint(hf_model, results, qconfig, tokenizer, Path(output_dir))
+
+
+def _linear(layer, name: str):
+    return getattr(layer.self_attn if name in LINEARS[:4] else layer.mlp, name)
+
+
+@torch.no_grad()
+def _round_to_nearest_layer(layer, qconfig: QuantizationConfig) -> dict[str, tuple]:
+    """Min-max rounding of each linear of one layer, in place (weights replaced by their 4-bit values)."""
+    result = {}
+    for name in LINEARS:
+        linear = _linear(layer, name)
+        result[name] = awq.round_to_nearest(linear.weight, qconfig.group_size, sym=qconfig.method == "gptq")
+        linear.weight.copy_(packing.dequantize(*result[name]).t().to(linear.weight.dtype))
+    return result
 
 
 def _gptq_layer(layer, inputs: dict[str, torch.Tensor], qconfig: QuantizationConfig) -> dict[str, tuple]:

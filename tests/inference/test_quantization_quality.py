@@ -15,10 +15,12 @@ import torch
 
 from inference.quantization import awq, packing
 from inference.quantization.config import QuantizationConfig
+from inference.quantization.layer_error import LayerErrors
 from inference.quantization.perplexity import perplexity_tokens
 from inference.model_loader import resolve_model
 from inference.quantization.quantize import (LINEARS, CalibrationConfig, _first_layer_inputs, _gptq_layer,
-                                             _run_layer, calibration_batch, quantized_source_types)
+                                             _run_layer, calibration_batch, quantize_model,
+                                             quantized_source_types)
 
 LAYER = 3
 # Measured (layer 3, relative error of the residual update): round-to-nearest g64 0.065, GPTQ g64
@@ -84,3 +86,30 @@ def test_calibrated_quantization_beats_round_to_nearest_on_held_out_text(layer_c
         error = _relative_error(layer_case, lambda layer, inputs: awq.quantize_layer(layer, inputs, 64, n_grid=10))
     print(f"{method}: relative error {error:.4f}, round-to-nearest {rtn:.4f}")
     assert error < bound * rtn
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_calibrated_methods_report_less_layer_error_than_round_to_nearest(method, tmp_path, smollm2_tokenizer):
+    """``quantize_model``'s layer report (tiny random model): every projection type of the calibrated method
+    has a smaller output error on its calibration activations than round-to-nearest in the same format, and the
+    round-to-nearest checkpoint holds exactly the min-max rounded weights."""
+    from safetensors import safe_open
+
+    from .conftest import make_tiny_model
+    model = make_tiny_model("llama", tmp_path / "model", smollm2_tokenizer)
+    calibration = CalibrationConfig(num_samples=2, seq_len=64, awq_grid=6)
+    errors = {}
+    for rtn in (True, False):
+        errors[rtn] = LayerErrors()
+        out = quantize_model(str(model), tmp_path / f"{method}-{rtn}", method, calibration=calibration,
+                             round_to_nearest=rtn, layer_errors=errors[rtn])
+    assert set(errors[True].by_type()) == set(LINEARS) and len(errors[True].by_layer()["q_proj"]) == 2
+    for name, rtn_error in errors[True].by_type().items():
+        assert 0 < errors[False].by_type()[name] < rtn_error, name
+    from transformers import AutoModelForCausalLM
+    weight = AutoModelForCausalLM.from_pretrained(model).model.layers[1].mlp.down_proj.weight.detach()
+    codes, scales, zeros, g_idx = awq.round_to_nearest(weight, 64, sym=method == "gptq")
+    with safe_open(str(tmp_path / f"{method}-True" / "model.safetensors"), framework="pt") as handle:
+        qweight = handle.get_tensor("model.layers.1.mlp.down_proj.qweight")
+    expected = packing.pack_awq(codes) if method == "awq" else packing.pack_gptq_qweight(codes)
+    assert torch.equal(qweight, expected)

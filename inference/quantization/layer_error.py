@@ -1,0 +1,52 @@
+"""Each quantized linear's output error on the calibration activations it was quantized from: the quantity
+GPTQ (Frantar et al., 2022, eq. 1) and AWQ (Lin et al., 2023, eq. 4) minimise, reported per layer and per
+projection type so that calibrated methods can be compared with round-to-nearest.
+
+For a linear with float weight ``W [N, K]``, quantized weight ``Q`` and calibration input ``X [T, K]``, the
+relative error is ``||X Q^T - X W^T||^2 / ||X W^T||^2``. With AWQ, ``X`` and ``W`` are the input and weight once
+its per-channel scales are folded (``X`` divided, ``W``'s columns multiplied, and the rows of a linear whose
+output feeds a scaled one divided): the same float model, the weights AWQ actually rounds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LayerErrors:
+    """Squared errors and reference energies by ``(layer index, linear name)``, float64 sums."""
+
+    squared_error: dict[tuple[int, str], float] = field(default_factory=dict)
+    reference: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    @torch.no_grad()
+    def add(self, layer: int, name: str, x: torch.Tensor, weight: torch.Tensor,
+            weight_quantized: torch.Tensor) -> None:
+        """Record one linear: ``x [T, K]`` its calibration input, ``weight`` / ``weight_quantized [N, K]`` its
+        float and dequantized weights (any float dtype; computed in float32, summed in float64)."""
+        x = x.float()
+        reference = x @ weight.float().t()
+        error = x @ weight_quantized.float().t() - reference
+        key = (layer, name)
+        self.squared_error[key] = self.squared_error.get(key, 0.0) + error.double().pow(2).sum().item()
+        self.reference[key] = self.reference.get(key, 0.0) + reference.double().pow(2).sum().item()
+
+    def relative(self, layer: int, name: str) -> float:
+        """``||X' Q^T - X W^T||^2 / ||X W^T||^2`` of one linear."""
+        return self.squared_error[(layer, name)] / self.reference[(layer, name)]
+
+    def by_type(self) -> dict[str, float]:
+        """The relative error of each projection type over all layers (errors and energies summed first)."""
+        names = sorted({name for _, name in self.squared_error}, key=_ORDER.index)
+        return {name: sum(e for (_, n), e in self.squared_error.items() if n == name)
+                / sum(r for (_, n), r in self.reference.items() if n == name) for name in names}
+
+    def by_layer(self) -> dict[str, list[float]]:
+        """Each projection type's relative error, layer by layer (index order)."""
+        layers = sorted({layer for layer, _ in self.squared_error})
+        return {name: [self.relative(layer, name) for layer in layers] for name in self.by_type()}
+
+
+_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
