@@ -1,6 +1,8 @@
 """AWQ and GPTQ against round-to-nearest at the same group size and format, on the packaged SmolLM2: perplexity
 on the shipped sample through the engine, and each linear's output error on the calibration activations it
-was quantized from (what GPTQ and AWQ minimise), per projection type and per layer. One run, CPU.
+was quantized from (what GPTQ and AWQ minimise), per projection type and per layer; and each whole layer's
+error relative to its residual update on the calibration text and on the held-out perplexity sample (a gap
+between the two is a method fitting the 858-token calibration text). One run, CPU.
 
     python benchmarks/quantization_quality.py --output-json benchmarks/results/quantization-quality_cpu_<date>.json
 
@@ -28,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import LLM  # noqa: E402
+from inference.model_loader import load_tokenizer, resolve_model  # noqa: E402
 from inference.quantization.layer_error import LayerErrors  # noqa: E402
 from inference.quantization.perplexity import perplexity, perplexity_tokens  # noqa: E402
 from inference.quantization.quantize import quantize_model  # noqa: E402
@@ -57,22 +60,32 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     result = {"command": "python " + shlex.join(sys.argv), "commit": commit, "model": args.model,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": "cpu",
-              "perplexity": {}, "quantize_seconds": {}, "layer_error_by_type": {}, "layer_error_by_layer": {}}
+              "perplexity": {}, "quantize_seconds": {}, "layer_error_by_type": {}, "layer_error_by_layer": {},
+              "layer_residual_error": {}}
     result["perplexity"]["none"], result["tokens"] = _perplexity(args.model)
+    # held-out text for the whole-layer errors: the perplexity sample, in 8 rows of 252 tokens
+    held_out_ids = torch.tensor(perplexity_tokens(load_tokenizer(resolve_model(args.model).tokenizer_dir))[:2016])
+    held_out_ids = held_out_ids.view(8, 252)
     print(f"none: perplexity {result['perplexity']['none']:.3f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tessera-quality-") as scratch:
         for method in args.methods:
             fmt, desc_act, rtn = METHODS[method]
-            errors = LayerErrors()
+            errors = LayerErrors(held_out_ids=held_out_ids)
             start = time.perf_counter()
             folder = quantize_model(args.model, Path(scratch) / method, fmt, desc_act=desc_act,
                                     device=args.quantize_device, round_to_nearest=rtn, layer_errors=errors)
             result["quantize_seconds"][method] = round(time.perf_counter() - start, 1)
             result["layer_error_by_type"][method] = errors.by_type()
             result["layer_error_by_layer"][method] = errors.by_layer()
+            for split in ("calibration", "held_out"):
+                per_layer = errors.residual_by_layer(split)
+                result["layer_residual_error"].setdefault(split, {})[method] = {
+                    "mean": sum(per_layer) / len(per_layer), "by_layer": per_layer}
             result["perplexity"][method], _ = _perplexity(str(folder))
             print(f"{method}: perplexity {result['perplexity'][method]:.3f}, quantized in "
-                  f"{result['quantize_seconds'][method]} s, layer error by type "
+                  f"{result['quantize_seconds'][method]} s, mean layer error calibration / held-out "
+                  f"{result['layer_residual_error']['calibration'][method]['mean']:.4f} / "
+                  f"{result['layer_residual_error']['held_out'][method]['mean']:.4f}; linear error by type "
                   + ", ".join(f"{k} {v:.4f}" for k, v in result["layer_error_by_type"][method].items()), flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

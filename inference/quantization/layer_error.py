@@ -6,6 +6,11 @@ For a linear with float weight ``W [N, K]``, quantized weight ``Q`` and calibrat
 relative error is ``||X Q^T - X W^T||^2 / ||X W^T||^2``. With AWQ, ``X`` and ``W`` are the input and weight once
 its per-channel scales are folded (``X`` divided, ``W``'s columns multiplied, and the rows of a linear whose
 output feeds a scaled one divided): the same float model, the weights AWQ actually rounds.
+
+Whole layers are measured too, on the calibration text and optionally on held-out text: the error of the
+layer's output relative to its residual update, ``||layer_q(h) - layer(h)||^2 / ||layer(h) - h||^2``, with ``h``
+the layer's input in the model quantized so far. A method that fits the calibration activations without
+generalising shows a gap between the two.
 """
 from __future__ import annotations
 
@@ -20,6 +25,10 @@ class LayerErrors:
 
     squared_error: dict[tuple[int, str], float] = field(default_factory=dict)
     reference: dict[tuple[int, str], float] = field(default_factory=dict)
+    # held-out token ids ``[B, T]`` int64 (optional): each whole layer is also measured on them
+    held_out_ids: torch.Tensor | None = None
+    # (layer, "calibration" | "held_out") -> (squared error, reference energy) of the layer's residual update
+    residual: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
 
     @torch.no_grad()
     def add(self, layer: int, name: str, x: torch.Tensor, weight: torch.Tensor,
@@ -32,6 +41,19 @@ class LayerErrors:
         key = (layer, name)
         self.squared_error[key] = self.squared_error.get(key, 0.0) + error.double().pow(2).sum().item()
         self.reference[key] = self.reference.get(key, 0.0) + reference.double().pow(2).sum().item()
+
+    @torch.no_grad()
+    def add_residual(self, layer: int, split: str, hidden: torch.Tensor, float_output: torch.Tensor,
+                     quantized_output: torch.Tensor) -> None:
+        """Record one decoder layer on one text: ``hidden`` its input, the float and quantized layers' outputs
+        (all ``[B, T, hidden_size]``); the error is relative to the float layer's residual update."""
+        error = (quantized_output.double() - float_output.double()).pow(2).sum().item()
+        update = (float_output.double() - hidden.double()).pow(2).sum().item()
+        self.residual[(layer, split)] = (error, update)
+
+    def residual_by_layer(self, split: str) -> list[float]:
+        """``||layer_q(h) - layer(h)||^2 / ||layer(h) - h||^2`` of each layer on ``split``, index order."""
+        return [e / r for (_, s), (e, r) in sorted(self.residual.items()) if s == split]
 
     def relative(self, layer: int, name: str) -> float:
         """``||X' Q^T - X W^T||^2 / ||X W^T||^2`` of one linear."""

@@ -132,7 +132,8 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
         round_to_nearest: skip AWQ's scale and clipping search and GPTQ's error feedback: min-max rounding
             per group in the same format (AWQ's asymmetric, GPTQ's symmetric), the baseline both improve on.
         layer_errors: filled with each linear's output error on the calibration activations it was
-            quantized from (:class:`~.layer_error.LayerErrors`).
+            quantized from, and each layer's on the calibration text and on ``layer_errors.held_out_ids``
+            (:class:`~.layer_error.LayerErrors`).
     Returns:
         ``output_dir``, holding config.json (with ``quantization_config``), model.safetensors and the tokenizer.
     Raises:
@@ -169,10 +170,14 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
                                  desc_act=desc_act)
     tokenizer = load_tokenizer(resolved.tokenizer_dir)
     hidden, kwargs = _first_layer_inputs(hf_model, calibration_batch(tokenizer, calibration).to(device))
+    held_out = None  # (hidden, kwargs) of held-out text through the layers quantized so far
+    if layer_errors is not None and layer_errors.held_out_ids is not None:
+        held_out = _first_layer_inputs(hf_model, layer_errors.held_out_ids.to(device))
     results: dict[str, tuple] = {}
     for index, layer in enumerate(hf_model.model.layers):
         inputs: dict[str, torch.Tensor] = {}
-        _run_layer(layer, hidden, kwargs, record=inputs)
+        float_output = _run_layer(layer, hidden, kwargs, record=inputs)
+        held_float = _run_layer(layer, *held_out) if held_out is not None else None
         # the float weights the quantized ones stand for (AWQ: once its scales are folded)
         float_weights = {name: _linear(layer, name).weight.detach().clone() for name in LINEARS}
         if round_to_nearest:
@@ -188,7 +193,14 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
         for name, result in layer_results.items():
             module = "self_attn" if name in LINEARS[:4] else "mlp"
             results[f"model.layers.{index}.{module}.{name}"] = result
-        hidden = _run_layer(layer, hidden, kwargs)
+        quantized_output = _run_layer(layer, hidden, kwargs)
+        if layer_errors is not None:
+            layer_errors.add_residual(index, "calibration", hidden, float_output, quantized_output)
+        if held_out is not None:
+            held_quantized = _run_layer(layer, *held_out)
+            layer_errors.add_residual(index, "held_out", held_out[0], held_float, held_quantized)
+            held_out = (held_quantized, held_out[1])
+        hidden = quantized_output
         logger.info("%s: quantized layer %d/%d", method.upper(), index + 1, len(hf_model.model.layers))
     return write_checkpoint(hf_model, results, qconfig, tokenizer, Path(output_dir))
 

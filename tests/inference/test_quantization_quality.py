@@ -100,12 +100,16 @@ def test_calibrated_methods_report_less_layer_error_than_round_to_nearest(method
     calibration = CalibrationConfig(num_samples=2, seq_len=64, awq_grid=6)
     errors = {}
     for rtn in (True, False):
-        errors[rtn] = LayerErrors()
+        held_out = torch.randint(100, 40000, (2, 32), generator=torch.Generator().manual_seed(0))
+        errors[rtn] = LayerErrors(held_out_ids=held_out)
         out = quantize_model(str(model), tmp_path / f"{method}-{rtn}", method, calibration=calibration,
                              round_to_nearest=rtn, layer_errors=errors[rtn])
     assert set(errors[True].by_type()) == set(LINEARS) and len(errors[True].by_layer()["q_proj"]) == 2
     for name, rtn_error in errors[True].by_type().items():
         assert 0 < errors[False].by_type()[name] < rtn_error, name
+    for split in ("calibration", "held_out"):
+        assert len(errors[True].residual_by_layer(split)) == 2 and min(errors[True].residual_by_layer(split)) > 0
+    assert sum(errors[False].residual_by_layer("calibration")) < sum(errors[True].residual_by_layer("calibration"))
     from transformers import AutoModelForCausalLM
     weight = AutoModelForCausalLM.from_pretrained(model).model.layers[1].mlp.down_proj.weight.detach()
     codes, scales, zeros, g_idx = awq.round_to_nearest(weight, 64, sym=method == "gptq")
