@@ -44,9 +44,9 @@ def run_alternating(llm, rounds: int, prompts, outputs) -> dict:
     """``throughput.py --rounds R``: the workload R times through Tessera's ``LLM.generate`` and R times through transformers'
     ``generate`` (one static batch), in one process on the same weights and torch threads, alternating: round
     ``i`` runs Tessera first when ``i`` is even, transformers first when odd, so that a change in the machine's
-    load (a shared CPU) reaches both sides alike. Both are warmed up first on four of the prompts. Reports output tok/s of every
-    round, their medians and the ratio of the medians (with ``ratio_per_round``: Tessera's round over
-    transformers' round beside it)."""
+    load (a shared CPU) reaches both sides alike. Both are warmed up first on four of the prompts. Reports output
+    tok/s of every round, their medians and the ratio of the medians (with ``ratio_per_round``: Tessera's round
+    over transformers' round beside it)."""
     from inference import SamplingParams  # the caller has put the repository on sys.path
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
