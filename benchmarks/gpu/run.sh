@@ -35,6 +35,8 @@
 #                    timed against bf16 on the Qwen2.5-7B linear shapes at 1-2,048 rows, with a few decode-kernel
 #                    configs (w4a16_sweep.py; about 3-4 minutes on a fresh machine)
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
+#   w3-profile       W3's kernel table over 16 decode steps with the KV cache in bf16 (auto), then FP8: where FP8's
+#                    saving goes
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
 #   serving          W1 through `manage.py serve` (its default `--api-server-count`: 4 on 16 cores) and benchmarks/serving.py, then the offline
 #                    engine on the same workload (serving.sh; needs .gpuserve)
@@ -178,6 +180,10 @@ for step in "$@"; do
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"
     run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
+  w3-profile)
+    run_step w3-profile 250 $TP $W3 --profile-steps 16 --output-json "$(name w3-kernel-profile)"
+    run_step w3-fp8-profile 250 $TP $W3 --kv-cache-dtype fp8 --profile-steps 16 \
+      --output-json "$(name w3-kv-fp8-kernel-profile)" ;;
   w2-profile) run_step w2-profile 250 $TP $W2 --profile-steps 16 --output-json "$(name w2-kernel-profile)" ;;
   serving) step_serving ;;
   structured-output)
