@@ -101,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     args.peer = "none"
 
-    hf_config = load_hf_config(resolve_model(args.model).model_dir)
+    hf_config = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir)
     paths = write_adapters(hf_config, Path(args.adapter_dir), args.num_adapters, args.lora_rank, args.seed)
     loras = [LoRARequest(f"adapter-{i}", i + 1, str(p)) for i, p in enumerate(paths)]
     prompts, outputs = make_workload(args, hf_config.vocab_size)

@@ -57,12 +57,11 @@ def _generate(llm: LLM, prompts, loras) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-def _close(llm: LLM) -> None:
+def _check_and_close(llm: LLM) -> None:
+    """No KV block left allocated; the engine shut down (the caller drops its reference, then frees memory)."""
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
     llm.close()
-    del kv
-    free_device_memory()
 
 
 @pytest.mark.timeout(600)
@@ -77,8 +76,11 @@ def test_mixed_adapters_on_device_match_transformers_peft(tiny_with_adapters, en
             loras.append(data["requests"][name])
             expected.append(data["reference"][name][i])
     llm = _engine(data["model"], "float32", **engine_kwargs)
-    assert _generate(llm, prompts, loras) == expected
-    _close(llm)
+    tokens = _generate(llm, prompts, loras)
+    _check_and_close(llm)
+    del llm
+    free_device_memory()
+    assert tokens == expected
 
 
 @pytest.mark.timeout(600)
@@ -95,5 +97,7 @@ def test_cuda_graphs_give_eager_tokens_as_the_batch_s_adapters_change(tiny_with_
         params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
         outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False, lora_request=loras)
         tokens[eager] = [o.outputs[0].token_ids for o in outs]
-        _close(llm)
+        _check_and_close(llm)
+        del llm, outs
+        free_device_memory()
     assert tokens[False] == tokens[True]
