@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from throughput import add_engine_args, add_workload_args, make_workload, print_tessera, roofline, run_tessera, write_result
+from throughput import (add_engine_args, add_workload_args, make_workload, print_tessera, profile_steps, roofline,
+                        run_tessera, write_result)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -97,6 +98,9 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=64, help="the decode-step comparison's batch (0: skip)")
     parser.add_argument("--decode-input-len", type=int, default=128)
     parser.add_argument("--decode-output-len", type=int, default=256)
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then a kernel table of this many decode steps of --decode-batch requests with adapters")
+    parser.add_argument("--profile-only", action="store_true", help="only the kernel table")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     args.peer = "none"
@@ -109,14 +113,18 @@ def main() -> None:
               "lora_rank": args.lora_rank, "max_loras": args.max_loras or args.num_adapters,
               "workload": {"model": args.model, "flood": args.workload, "num_prompts": len(prompts),
                            "input_tokens": sum(map(len, prompts)), "requested_output_tokens": sum(outputs)}}
-    print(f"== {len(prompts)} requests without LoRA")
-    result["without_lora"] = measure(args, prompts, outputs, None)
-    print(f"== the same requests over {len(loras)} rank-{args.lora_rank} adapters")
-    result["with_lora"] = measure(args, prompts, outputs, loras)
-    result["throughput_ratio"] = (result["with_lora"]["tessera"]["output_tokens_per_s"]
-                                  / result["without_lora"]["tessera"]["output_tokens_per_s"])
-    print(f"with LoRA / without: {result['throughput_ratio']:.3f} of the output tok/s")
-    if args.decode_batch:
+    args.profile_phase = "decode"
+    if args.profile_only:
+        args.decode_batch = args.decode_batch or 64
+    if not args.profile_only:
+        print(f"== {len(prompts)} requests without LoRA")
+        result["without_lora"] = measure(args, prompts, outputs, None)
+        print(f"== the same requests over {len(loras)} rank-{args.lora_rank} adapters")
+        result["with_lora"] = measure(args, prompts, outputs, loras)
+        result["throughput_ratio"] = (result["with_lora"]["tessera"]["output_tokens_per_s"]
+                                      / result["without_lora"]["tessera"]["output_tokens_per_s"])
+        print(f"with LoRA / without: {result['throughput_ratio']:.3f} of the output tok/s")
+    if args.decode_batch and not args.profile_only:
         step_args = copy.copy(args)
         step_args.workload, step_args.num_prompts = "random", args.decode_batch
         step_args.input_len, step_args.output_len = args.decode_input_len, args.decode_output_len
@@ -125,10 +133,24 @@ def main() -> None:
         for name, adapters in (("without_lora", None), ("with_lora", loras)):
             print(f"== decode steps, batch {args.decode_batch}, {name.replace('_', ' ')}")
             steps[name] = measure(step_args, step_prompts, step_outputs, adapters)["tessera"]
-        result["decode_step_ms"] = {k: v["median_step_ms_all_admitted"] for k, v in steps.items()}
+        # the median TPOT: one decode step of the whole batch (an engine step may run a window of several)
+        result["decode_step_ms"] = {k: v["median_tpot_ms"] for k, v in steps.items()}
+        result["decode_windows"] = {k: v["window_steps"] for k, v in steps.items()}
         result["decode_step_ratio"] = result["decode_step_ms"]["with_lora"] / result["decode_step_ms"]["without_lora"]
         print(f"decode step at batch {args.decode_batch}: {result['decode_step_ms']} ms, "
               f"{result['decode_step_ratio']:.3f}x with LoRA")
+    if args.profile_steps:  # the kernels of decode steps with adapters
+        profile_args = copy.copy(args)
+        profile_args.workload, profile_args.num_prompts = "random", args.decode_batch or 64
+        profile_args.input_len, profile_args.output_len = args.decode_input_len, args.decode_output_len
+        profile_args.lora_engine_kwargs = dict(enable_lora=True, max_loras=args.max_loras or len(loras),
+                                               max_lora_rank=args.lora_rank, max_cpu_loras=len(loras))
+        profile_args.lora_requests = loras
+        result["kernel_profile_with_lora"] = prof = profile_steps(profile_args, *make_workload(profile_args,
+                                                                                               hf_config.vocab_size))
+        for k in prof["kernels"][:20]:
+            print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
+        print("  device timeline:", prof["timeline"])
     write_result(result, args.output_json, "lora-throughput.json")
 
 

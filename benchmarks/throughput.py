@@ -223,12 +223,13 @@ def summarise_trace(trace: list[tuple]) -> dict:
 def profile_steps(args, prompts, outputs) -> dict:
     """Kernel table of ``--profile-steps`` steps: from the first step (``--profile-phase prefill``) or
     once every prompt has been prefilled (``decode``)."""
-    llm = make_llm(args, args.num_scheduler_steps[0])
+    llm = make_llm(args, (getattr(args, "num_scheduler_steps", None) or [None])[0])
     engine = llm.llm_engine
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
-    warm_up(llm, prompts)
+    loras = getattr(args, "lora_requests", None)
+    warm_up(llm, prompts, loras=loras)
     for i, (prompt, param) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, param)
+        engine.add_request(str(i), prompt, param, lora_request=loras[i % len(loras)] if loras else None)
     if args.profile_phase == "decode":
         while engine.scheduler.num_waiting:
             engine.step()

@@ -20,6 +20,7 @@
 #   w3               W3: Qwen2.5-7B shape, 50 x 1000 in / 2000 out, median TPOT
 #   lora             W1 without LoRA, then over 8 rank-16 adapters (all in every batch); decode steps at batch 64
 #                    with and without them (lora_throughput.py)
+#   lora-profile     the kernel table of 16 decode steps of 64 requests over 8 rank-16 adapters
 #   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #                    (with --step-trace: where the wall time went, by batch size)
@@ -149,6 +150,8 @@ for step in "$@"; do
   w3) run_step w3 300 $TP $W3 --output-json "$(name w3)" ;;
   lora) run_step lora 560 $PY benchmarks/lora_throughput.py --load-format dummy --dtype bfloat16 $W1 --num-adapters 8 \
       --lora-rank 16 --output-json "$(name lora-w1)" ;;
+  lora-profile) run_step lora-profile 250 $PY benchmarks/lora_throughput.py --load-format dummy --dtype bfloat16 $W1 \
+      --num-adapters 8 --lora-rank 16 --profile-only --profile-steps 16 --output-json "$(name lora-kernel-profile)" ;;
   kv-fp8)
     run_step w3-kv-auto 300 $TP $W3 --output-json "$(name w3-kv-auto)"
     run_step w3-kv-fp8 300 $TP $W3 --kv-cache-dtype fp8 --output-json "$(name w3-kv-fp8)"

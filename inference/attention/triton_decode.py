@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_utils import num_sms as triton_num_sms
 from .kv_quant import FP8_DTYPE
 from .triton_cache import from_cache
 
@@ -145,18 +146,6 @@ def _decode_reduce_kernel(
     tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & (offs_d[None, :] < head_dim))
 
 
-_NUM_SMS: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8  # interpreter: any small number exercises the split path
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _NUM_SMS:
-        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _NUM_SMS[index]
-
-
 def reduce_heads(num_heads: int, num_splits: int, block_d: int) -> int:
     """Query heads per program of the merge kernel (a power of two): as many of a request's as fit in 8,192
     partial elements a program at head size 64, 4,096 above (one head when a head's splits alone exceed that).
@@ -177,7 +166,7 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, devi
     A power of two (each count is a separate compiled kernel), at most 64, and no slice shorter
     than ``_MIN_SPLIT_TOKENS`` tokens. Host-only arithmetic, no synchronisation.
     """
-    num_sms = _num_sms(device)
+    num_sms = triton_num_sms(device)
     programs = max(batch_size * num_kv_heads, 1)
     wanted = triton.next_power_of_2(math.ceil(PROGRAMS_PER_SM * num_sms / programs))
     longest = triton.next_power_of_2(math.ceil(max(max_seq_len, 1) / _MIN_SPLIT_TOKENS))

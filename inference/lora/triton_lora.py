@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 import torch
 
+from ..triton_utils import num_sms
+
 BLOCK_M = 16
 BLOCK_K = 64
 BLOCK_N = 64
@@ -21,13 +23,16 @@ BLOCK_N = 64
 def _lora_shrink_kernel(
     x_ptr,            # [T, K] model dtype, row stride stride_xm, unit column stride
     a_ptr,            # [S, R, K] model dtype, strides (stride_as, stride_ar, 1)
-    s_ptr,            # [T, R] float32 output, row stride stride_sm
+    part_ptr,         # [SPLIT_K, T, R] float32 partial sums, strides (stride_pk, stride_pm, 1)
     sorted_rows_ptr,  # [>= T] int32 token rows grouped by slot
     slot_starts_ptr,  # [S + 1] int32 segment offsets into sorted_rows
-    K, R, stride_xm, stride_as, stride_ar, stride_sm,
+    K, R, k_per_split, stride_xm, stride_as, stride_ar, stride_pk, stride_pm,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_m, pid_r, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Program (row tile, K slice, slot and rank tile): rows of one slot's segment over one slice of K.
+    pid_m, pid_k, pid_sr = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    num_r_tiles = tl.cdiv(R, BLOCK_R)
+    slot, pid_r = pid_sr // num_r_tiles, pid_sr % num_r_tiles
     start = tl.load(slot_starts_ptr + slot)
     end = tl.load(slot_starts_ptr + slot + 1)
     m0 = start + pid_m * BLOCK_M
@@ -37,16 +42,19 @@ def _lora_shrink_kernel(
         rows = tl.load(sorted_rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         mask_r = offs_r < R
+        k_begin = pid_k * k_per_split
+        k_end = tl.minimum(k_begin + k_per_split, K)
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
+            mask_k = offs_k < k_end
             x = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :],
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             a = tl.load(a_ptr + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
                         mask=mask_r[None, :] & mask_k[:, None], other=0.0)  # [BLOCK_K, BLOCK_R]
             acc += tl.dot(x, a)
-        tl.store(s_ptr + rows[:, None] * stride_sm + offs_r[None, :], acc, mask=mask_m[:, None] & mask_r[None, :])
+        tl.store(part_ptr + pid_k * stride_pk + rows[:, None] * stride_pm + offs_r[None, :], acc,
+                 mask=mask_m[:, None] & mask_r[None, :])
 
 
 @triton.jit
@@ -92,21 +100,38 @@ def _block_r(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
 
+def shrink_split_k(num_tokens: int, k: int, device: torch.device) -> int:
+    """Slices of K the shrink splits into: a decode batch has few row tiles per slot (one program per slot
+    and tile would leave most SMs idle while each walks all of K), so K is split until the row tiles times
+    the slices are about four programs per SM; never below ``BLOCK_K`` columns a slice. Depends only on
+    the batch's row count (a CUDA graph captures it once)."""
+    row_tiles = triton.cdiv(num_tokens, BLOCK_M)
+    k_blocks = triton.cdiv(k, BLOCK_K)
+    wanted = max(1, min(k_blocks, triton.cdiv(4 * num_sms(device), row_tiles)))
+    return triton.cdiv(k_blocks, triton.cdiv(k_blocks, wanted))  # slices of whole, equal block counts
+
+
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, slot_starts: torch.Tensor) -> torch.Tensor:
-    """``[T, R]`` float32 low-rank activations; rows without an adapter are left unwritten (never read).
+    """``[T, R]`` float32 low-rank activations; rows without an adapter hold no meaningful value (never read).
 
     Args:
         x: ``[T, K]`` contiguous rows; a: ``[S, R, K]`` contiguous, same dtype as ``x``.
         sorted_rows: ``[>= T]`` int32; slot_starts: ``[S + 1]`` int32 (see the module docstring).
+
+    K is split over programs (:func:`shrink_split_k`); the slices' partial sums are added in a fixed order
+    (deterministic, unlike atomics).
     """
     num_tokens, k = x.shape
     num_slots, r, _ = a.shape
-    s = torch.empty((num_tokens, r), dtype=torch.float32, device=x.device)
+    split_k = shrink_split_k(num_tokens, k, x.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k) * BLOCK_K
+    part = torch.empty((split_k, num_tokens, r), dtype=torch.float32, device=x.device)
     block_r = min(_block_r(r), 64)
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(r, block_r), num_slots)
-    _lora_shrink_kernel[grid](x, a, s, sorted_rows, slot_starts, k, r, x.stride(0), a.stride(0), a.stride(1),
-                              s.stride(0), BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=BLOCK_K)
-    return s
+    grid = (triton.cdiv(num_tokens, BLOCK_M), split_k, num_slots * triton.cdiv(r, block_r))
+    _lora_shrink_kernel[grid](x, a, part, sorted_rows, slot_starts, k, r, k_per_split, x.stride(0), a.stride(0),
+                              a.stride(1), part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_R=block_r,
+                              BLOCK_K=BLOCK_K)
+    return part[0] if split_k == 1 else part.sum(0)
 
 
 def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_rows: torch.Tensor,

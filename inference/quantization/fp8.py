@@ -13,13 +13,12 @@ tensor cores (``check_fp8_supported``).
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
 from ..errors import InvalidRequestError
-from ..triton_utils import use_triton_layers
+from ..triton_utils import num_sms, use_triton_layers
 from .linear import LinearMethodBase, QuantizedLinear
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -70,11 +69,6 @@ def quantize_fp8_rowwise(x: torch.Tensor, row_max: torch.Tensor | None = None) -
     scales = (row_max / FP8_MAX).clamp(min=_MIN_SCALE)
     codes = (x.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return codes, scales
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class Fp8LinearMethod(LinearMethodBase):
@@ -136,7 +130,7 @@ class Fp8LinearMethod(LinearMethodBase):
         if x_codes.is_cuda:
             from .triton_fp8_gemm import fp8_gemm, fp8_gemm_config
             config = fp8_gemm_config(x_codes.shape[0], layer.weight.shape[0], layer.weight.shape[1],
-                                     _num_sms(x_codes.device))
+                                     num_sms(x_codes.device))
             if config is not None:  # few rows: the Triton kernel (bias added in float32)
                 return fp8_gemm(x_codes, x_scales, layer.weight, layer.weight_scale, config, bias=bias,
                                 out_dtype=dtype, counters=layer.fp8_split_k_counters)

@@ -21,12 +21,12 @@ Importing this module imports Triton.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from ..triton_utils import num_sms as device_num_sms
 from .packing import PACK_K
 from .triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
 from .triton_w4a16_dequant import dequant_matmul
@@ -94,11 +94,6 @@ def _w4a16_kernel(
     tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def tile_config(M: int, N: int, K: int, num_sms: int, float32: bool = False) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_N, SPLIT_K)`` of the GEMM kernel: small M takes narrow tiles and splits K
     (in 128-row tiles) until the grid covers about two waves of the ``num_sms`` SMs. float32 activations
@@ -161,7 +156,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         ValueError: ``group_size`` not a multiple of 16.
     """
     if num_sms is None:
-        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 8
+        num_sms = device_num_sms(x.device)
     M = x.shape[0]
     # The decode kernels read one scale and zero point per 16-row slice of a K tile, which per-row groups
     # (row_groups) break; those layers take the GEMM kernel, which reads a group per row, below the
