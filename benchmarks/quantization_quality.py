@@ -19,13 +19,14 @@ import argparse
 import gc
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from provenance import current_commit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument("--quantize-device", default="cpu")
     parser.add_argument("--output-json", required=True)
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    commit = current_commit()
     result = {"command": "python " + shlex.join(sys.argv), "commit": commit, "model": args.model,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": "cpu",
               "perplexity": {}, "quantize_seconds": {}, "layer_error_by_type": {}, "layer_error_by_layer": {},

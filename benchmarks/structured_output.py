@@ -31,10 +31,11 @@ import json
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from provenance import current_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -159,7 +160,7 @@ def main() -> None:
             "new_schema": late_request_phase(engine, prompts, args, schemas(1, salt="new")[0], "new")}
     result = {
         "command": "python " + shlex.join(sys.argv),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "commit": current_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": engine.config.device,
         "workload": {"model": args.model, "num_prompts": args.num_prompts, "input": [args.min_input, args.max_input],

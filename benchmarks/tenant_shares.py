@@ -37,10 +37,11 @@ import platform
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from provenance import current_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,8 +164,7 @@ def main() -> None:
     report: dict = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                     "host": platform.node(), "scenarios": []}
     try:
-        report["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                          text=True).stdout.strip() or None
+        report["commit"] = current_commit()
     except OSError:
         report["commit"] = None
     n, out_len = args.num_prompts, args.output_len

@@ -23,13 +23,13 @@ import json
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from provenance import current_commit
 from step_profile import PhaseTimers, TritonCompileWatch, kernel_table
 from transformers_peer import run_alternating, run_transformers
 
@@ -336,7 +336,7 @@ def main() -> None:
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size
     prompts, outputs = make_workload(args, vocab)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=RESULTS, capture_output=True, text=True).stdout.strip()
+    commit = current_commit()
     result = {"command": "python " + shlex.join(sys.argv), "commit": commit or None,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),

@@ -21,6 +21,7 @@
 #   lora             W1 without LoRA, then over 8 rank-16 adapters (all in every batch); decode steps at batch 64
 #                    with and without them (lora_throughput.py)
 #   lora-profile     the kernel table of 16 decode steps of 64 requests over 8 rank-16 adapters
+#   kv-fp8-w3        the W3 half of kv-fp8
 #   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
 #                    (with --step-trace: where the wall time went, by batch size)
@@ -63,6 +64,7 @@ cd "$(dirname "$0")/../.."
 DATE=$(date -u +%F)
 # .gpucache/COMMIT first: a copy of the tree on the host may carry a git repository of its own
 COMMIT=$(cat .gpucache/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+export TESSERA_COMMIT=$COMMIT  # the commit the benchmarks stamp (benchmarks/provenance.py)
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 # the card's model ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200), else the name's last word
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{for (i = 1; i <= NF; i++)
@@ -152,6 +154,9 @@ for step in "$@"; do
       --lora-rank 16 --output-json "$(name lora-w1)" ;;
   lora-profile) run_step lora-profile 250 $PY benchmarks/lora_throughput.py --load-format dummy --dtype bfloat16 $W1 \
       --num-adapters 8 --lora-rank 16 --profile-only --profile-steps 16 --output-json "$(name lora-kernel-profile)" ;;
+  kv-fp8-w3)
+    run_step w3-kv-auto 300 $TP $W3 --output-json "$(name w3-kv-auto)"
+    run_step w3-kv-fp8 300 $TP $W3 --kv-cache-dtype fp8 --output-json "$(name w3-kv-fp8)" ;;
   kv-fp8)
     run_step w3-kv-auto 300 $TP $W3 --output-json "$(name w3-kv-auto)"
     run_step w3-kv-fp8 300 $TP $W3 --kv-cache-dtype fp8 --output-json "$(name w3-kv-fp8)"

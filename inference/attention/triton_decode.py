@@ -28,6 +28,10 @@ _LOG2E = 1.4426950408889634
 # 100-2,000 tokens (decode-sweep-w2_h200_2026-12-01.json); head size 128 (the 7B shapes) as tuned before.
 DECODE_LAUNCH = {64: {"block_n": 128, "num_warps": 4, "num_stages": 2},
                  128: {"block_n": 64, "num_warps": 4, "num_stages": 3}}
+# An FP8 cache at head size 128: twice the keys per iteration, so that as many bytes are in flight as with a
+# 16-bit cache (with 64 keys the W3 decode kernel took as long as with bf16, 41.1 against 41.5 ms over 16
+# steps on the H100: w3-kv-fp8-kernel-profile_h100_2026-12-05.json).
+DECODE_LAUNCH_FP8_128 = {"block_n": 128, "num_warps": 4, "num_stages": 3}
 _MIN_SPLIT_TOKENS = 256  # never split a context into slices shorter than this
 # Programs per SM the KV splits aim for. One program per (request, KV head) and slice: the step lasts as long
 # as the program with the longest slice, so with contexts of unequal length (W2: 100-2,000 tokens) finer
@@ -41,6 +45,8 @@ def decode_launch(head_dim: int, element_size: int = 2) -> dict:
     tiles of 64 would take 128 KB of shared memory, more than GPUs below the H100 class have per block."""
     if head_dim <= 64 and element_size <= 2:
         return DECODE_LAUNCH[64]
+    if element_size == 1 and head_dim == 128:
+        return DECODE_LAUNCH_FP8_128
     return DECODE_LAUNCH[128]
 
 
