@@ -23,6 +23,7 @@ from torch import nn
 from ..host_to_device import to_device
 from ..triton_utils import use_triton_layers
 from .checkpoint import LoRAAdapter
+from .tiles import max_tiles, segment_tiles
 from .torch_ref import lora_expand_ref, lora_shrink_ref
 
 
@@ -33,6 +34,8 @@ class LoRABatch:
     Attributes:
         sorted_rows: ``[max_tokens]`` int32, the rows of the step's tokens that use an adapter, grouped by slot.
         slot_starts: ``[max_loras + 1]`` int32, slot ``s``'s rows are ``sorted_rows[slot_starts[s]:slot_starts[s + 1]]``.
+        tiles: ``[max_tiles(max_tokens, max_loras), 3]`` int32, the segments' row tiles the Triton kernels take
+            (:func:`.tiles.segment_tiles`; on the CPU unused).
         num_lora_rows: host count of those rows (0: the PyTorch path skips LoRA in the step).
         static: run the kernels even in a step without adapters (set while CUDA graphs are used: a graph
             must see the same launches in every step).
@@ -43,6 +46,8 @@ class LoRABatch:
         self.max_loras = max_loras
         self.sorted_rows = torch.zeros(max_tokens, dtype=torch.int32, device=device)
         self.slot_starts = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
+        self.num_tiles = max_tiles(max_tokens, max_loras)
+        self.tiles = torch.zeros(self.num_tiles, 3, dtype=torch.int32, device=device)
         self.num_lora_rows = 0
         self.static = False
 
@@ -57,9 +62,14 @@ class LoRABatch:
         self.num_lora_rows = int(rows.size)
         if not rows.size and not self.static:
             return
-        sorted_rows, slot_starts = to_device([rows, starts], self.device)
+        arrays = [rows, starts]
+        if torch.device(self.device).type == "cuda":
+            arrays.append(segment_tiles(starts, self.num_tiles))
+        sorted_rows, slot_starts, *tiles = to_device(arrays, self.device)
         self.sorted_rows[:rows.size].copy_(sorted_rows)
         self.slot_starts.copy_(slot_starts)
+        if tiles:
+            self.tiles.copy_(tiles[0])
 
     @property
     def active(self) -> bool:
@@ -159,10 +169,10 @@ class LoRALinear(nn.Module):
         out2 = out.view(-1, out.shape[-1])
         if use_triton_layers(x):
             from .triton_lora import lora_expand_, lora_shrink  # noqa: PLC0415
-            s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.slot_starts)
+            s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.tiles)
             if self.reduce and self.tp.world_size > 1:
                 s = self.tp.all_reduce(s)
-            lora_expand_(out2, s, self.lora_b, batch.sorted_rows, batch.slot_starts, self.slice_starts_t,
+            lora_expand_(out2, s, self.lora_b, batch.sorted_rows, batch.tiles, self.slice_starts_t,
                          self.r_max, self.max_slice_width)
             return out
         s = lora_shrink_ref(flat, self.lora_a, batch.sorted_rows, batch.slot_starts)

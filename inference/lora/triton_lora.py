@@ -1,10 +1,11 @@
 """Triton kernels of the batched LoRA matmuls (segmented gather matmuls, after Punica's SGMV,
 Chen et al., "Punica: Multi-Tenant LoRA Serving", 2023). :mod:`.torch_ref` is their reference.
 
-Each program handles ``BLOCK_M`` token rows of one slot's segment (``sorted_rows[slot_starts[s]:
-slot_starts[s + 1]]``); the grid covers every slot and as many row tiles as the whole batch has, so
-its shape depends only on the batch size, not on how rows split over adapters (a CUDA graph
-captures it once; the programs past their segment's end do nothing).
+The token rows that use an adapter are grouped by slot (``sorted_rows``, segments ``slot_starts``) and cut
+into tiles of ``BLOCK_M`` rows of one slot (:func:`.tiles.segment_tiles`, built on the host once a step). Each
+program takes one tile; the grid has ``max_tiles(T, S)`` tiles, a bound that depends only on the batch's
+row count and the slot count, so a CUDA graph captures it once (the unused tiles are empty and return at
+once).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import triton.language as tl
 import torch
 
 from ..triton_utils import num_sms
+from .tiles import TILE_ROWS, max_tiles
 
-BLOCK_M = 16
+BLOCK_M = TILE_ROWS
 BLOCK_K = 64
 BLOCK_N = 64
 
@@ -25,17 +27,15 @@ def _lora_shrink_kernel(
     a_ptr,            # [S, R, K] model dtype, strides (stride_as, stride_ar, 1)
     part_ptr,         # [SPLIT_K, T, R] float32 partial sums, strides (stride_pk, stride_pm, 1)
     sorted_rows_ptr,  # [>= T] int32 token rows grouped by slot
-    slot_starts_ptr,  # [S + 1] int32 segment offsets into sorted_rows
+    tiles_ptr,        # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     K, R, k_per_split, stride_xm, stride_as, stride_ar, stride_pk, stride_pm,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Program (row tile, K slice, slot and rank tile): rows of one slot's segment over one slice of K.
-    pid_m, pid_k, pid_sr = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    num_r_tiles = tl.cdiv(R, BLOCK_R)
-    slot, pid_r = pid_sr // num_r_tiles, pid_sr % num_r_tiles
-    start = tl.load(slot_starts_ptr + slot)
-    end = tl.load(slot_starts_ptr + slot + 1)
-    m0 = start + pid_m * BLOCK_M
+    # Program (row tile, K slice, rank tile): the tile's rows over one slice of K.
+    pid_t, pid_k, pid_r = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(tiles_ptr + pid_t * 3)
+    m0 = tl.load(tiles_ptr + pid_t * 3 + 1)
+    end = tl.load(tiles_ptr + pid_t * 3 + 2)
     if m0 < end:
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < end
@@ -63,19 +63,18 @@ def _lora_expand_kernel(
     b_ptr,             # [S, N, r_max] model dtype, strides (stride_bs, stride_bn, 1)
     out_ptr,           # [T, N] model dtype, row stride stride_om, updated in place
     sorted_rows_ptr,   # [>= T] int32 token rows grouped by slot
-    slot_starts_ptr,   # [S + 1] int32 segment offsets into sorted_rows
+    tiles_ptr,         # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
-    r_max, num_slices, stride_sm, stride_bs, stride_bn, stride_om,
+    r_max, stride_sm, stride_bs, stride_bn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = pid_s // num_slices
-    piece = pid_s % num_slices
-    start = tl.load(slot_starts_ptr + slot)
-    end = tl.load(slot_starts_ptr + slot + 1)
+    # Program (row tile, column tile, slice).
+    pid_t, pid_n, piece = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(tiles_ptr + pid_t * 3)
+    m0 = tl.load(tiles_ptr + pid_t * 3 + 1)
+    end = tl.load(tiles_ptr + pid_t * 3 + 2)
     n0 = tl.load(slice_starts_ptr + piece)
     n1 = tl.load(slice_starts_ptr + piece + 1)
-    m0 = start + pid_m * BLOCK_M
     first_n = n0 + pid_n * BLOCK_N
     if (m0 < end) & (first_n < n1):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -111,12 +110,12 @@ def shrink_split_k(num_tokens: int, k: int, device: torch.device) -> int:
     return triton.cdiv(k_blocks, triton.cdiv(k_blocks, wanted))  # slices of whole, equal block counts
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, slot_starts: torch.Tensor) -> torch.Tensor:
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
     """``[T, R]`` float32 low-rank activations; rows without an adapter hold no meaningful value (never read).
 
     Args:
         x: ``[T, K]`` contiguous rows; a: ``[S, R, K]`` contiguous, same dtype as ``x``.
-        sorted_rows: ``[>= T]`` int32; slot_starts: ``[S + 1]`` int32 (see the module docstring).
+        sorted_rows: ``[>= T]`` int32; tiles: ``[>= max_tiles(T, S), 3]`` int32 from :func:`.tiles.segment_tiles`.
 
     K is split over programs (:func:`shrink_split_k`); the slices' partial sums are added in a fixed order
     (deterministic, unlike atomics).
@@ -127,26 +126,26 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, slo
     k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k) * BLOCK_K
     part = torch.empty((split_k, num_tokens, r), dtype=torch.float32, device=x.device)
     block_r = min(_block_r(r), 64)
-    grid = (triton.cdiv(num_tokens, BLOCK_M), split_k, num_slots * triton.cdiv(r, block_r))
-    _lora_shrink_kernel[grid](x, a, part, sorted_rows, slot_starts, k, r, k_per_split, x.stride(0), a.stride(0),
+    grid = (max_tiles(num_tokens, num_slots), split_k, triton.cdiv(r, block_r))
+    _lora_shrink_kernel[grid](x, a, part, sorted_rows, tiles, k, r, k_per_split, x.stride(0), a.stride(0),
                               a.stride(1), part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_R=block_r,
                               BLOCK_K=BLOCK_K)
     return part[0] if split_k == 1 else part.sum(0)
 
 
 def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_rows: torch.Tensor,
-                 slot_starts: torch.Tensor, slice_starts: torch.Tensor, r_max: int, max_slice_width: int) -> None:
+                 tiles: torch.Tensor, slice_starts: torch.Tensor, r_max: int, max_slice_width: int) -> None:
     """``out += B s`` per slot segment and slice, in place (see :func:`.torch_ref.lora_expand_ref`).
 
     Args:
         out: ``[T, N]`` with unit column stride; s: ``[T, num_slices * r_max]`` float32;
-        b: ``[S, N, r_max]`` contiguous; slice_starts: ``[num_slices + 1]`` int32 on the device;
+        b: ``[S, N, r_max]`` contiguous; tiles: ``[>= max_tiles(T, S), 3]`` int32 (:func:`.tiles.segment_tiles`);
+        slice_starts: ``[num_slices + 1]`` int32 on the device;
         max_slice_width: the widest slice's columns (host int, sizes the grid).
     """
     num_tokens = out.shape[0]
-    num_slots = b.shape[0]
     num_slices = slice_starts.shape[0] - 1
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(max_slice_width, BLOCK_N), num_slots * num_slices)
-    _lora_expand_kernel[grid](s, b, out, sorted_rows, slot_starts, slice_starts, r_max, num_slices, s.stride(0),
+    grid = (max_tiles(num_tokens, b.shape[0]), triton.cdiv(max_slice_width, BLOCK_N), num_slices)
+    _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0),
                               b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                               BLOCK_R=_block_r(r_max))

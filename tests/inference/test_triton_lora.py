@@ -5,6 +5,7 @@ kernels are compiled for sm_90 at its end, see conftest); on a GPU the same test
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,21 +14,24 @@ from .triton_interpreter import HAS_CUDA  # noqa: E402  (sets TRITON_INTERPRET=1
 triton = pytest.importorskip("triton")
 
 from inference.lora.torch_ref import lora_expand_ref, lora_shrink_ref  # noqa: E402
+from inference.lora.tiles import max_tiles, segment_tiles  # noqa: E402
 from inference.lora.triton_lora import lora_expand_, lora_shrink  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 def _segments(token_slots: list[int], num_slots: int):
-    """``sorted_rows`` and ``slot_starts`` of a batch whose row ``t`` uses slot ``token_slots[t]`` (-1: none)."""
+    """``sorted_rows``, ``slot_starts`` and the kernels' row tiles of a batch whose row ``t`` uses slot
+    ``token_slots[t]`` (-1: none)."""
     rows = sorted((slot, t) for t, slot in enumerate(token_slots) if slot >= 0)
     counts = [sum(1 for s in token_slots if s == slot) for slot in range(num_slots)]
     starts = [0]
     for count in counts:
         starts.append(starts[-1] + count)
     sorted_rows = [t for _, t in rows] + [0] * (len(token_slots) - len(rows))
+    tiles = segment_tiles(np.asarray(starts), max_tiles(len(token_slots), num_slots))
     return (torch.tensor(sorted_rows, dtype=torch.int32, device=DEVICE),
-            torch.tensor(starts, dtype=torch.int32, device=DEVICE))
+            torch.tensor(starts, dtype=torch.int32, device=DEVICE), torch.from_numpy(tiles).to(DEVICE))
 
 
 # 37 rows over three slots and rows without an adapter; K 96 leaves a partial K tile; rank 8 and 16 slots.
@@ -39,7 +43,7 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     g = torch.Generator(device=DEVICE).manual_seed(num_tokens * 7 + r_max)
     num_slots, k = 3, 96
     token_slots = token_pattern or [(t * 5) % 4 - 1 for t in range(num_tokens)]
-    sorted_rows, slot_starts = _segments(token_slots, num_slots)
+    sorted_rows, slot_starts, tiles = _segments(token_slots, num_slots)
     num_slices, n = len(slices), sum(slices)
     x = torch.randn(num_tokens, k, generator=g, device=DEVICE).to(dtype)
     a = (torch.randn(num_slots, num_slices * r_max, k, generator=g, device=DEVICE) * 0.1).to(dtype)
@@ -49,14 +53,14 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     for width in slices:
         starts.append(starts[-1] + width)
 
-    s = lora_shrink(x, a, sorted_rows, slot_starts)
+    s = lora_shrink(x, a, sorted_rows, tiles)
     s_ref = lora_shrink_ref(x, a, sorted_rows, slot_starts)
     used = torch.tensor([slot >= 0 for slot in token_slots], device=DEVICE)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 and not HAS_CUDA else dict(atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(s[used], s_ref[used], **tol)
 
     out = base.clone()
-    lora_expand_(out, s_ref, b, sorted_rows, slot_starts, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+    lora_expand_(out, s_ref, b, sorted_rows, tiles, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
                  r_max, max(slices))
     expected = base.clone()
     lora_expand_ref(expected, s_ref, b, sorted_rows, slot_starts, tuple(starts), r_max)
@@ -64,3 +68,20 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     assert torch.equal(out[~used], base[~used])  # rows without an adapter are untouched
     if any(slot >= 0 for slot in token_slots):
         assert not torch.equal(out[used], base[used])
+
+
+def test_segment_tiles_cover_every_row_once_within_its_slot():
+    """Segments of 0, 1, 16, 17 and 40 rows: every position of ``sorted_rows`` in exactly one tile of its slot,
+    tiles of at most 16 rows, the rest of the grid empty; more tiles than the grid is an error."""
+    starts = np.cumsum([0, 0, 1, 16, 17, 40])
+    tiles = segment_tiles(starts, max_tiles(int(starts[-1]), 5))
+    covered = []
+    for slot, first, end in tiles.tolist():
+        if first == end:
+            continue
+        assert starts[slot] <= first < end == starts[slot + 1]
+        covered += list(range(first, min(first + 16, end)))
+    assert covered == list(range(int(starts[-1])))
+    assert (tiles[len([t for t in tiles if t[1] < t[2]]):] == 0).all()
+    with pytest.raises(ValueError, match="row tiles"):
+        segment_tiles(starts, 3)
