@@ -95,7 +95,7 @@ run_step() {
   return $rc
 }
 
-# stamp STEP: add commit and step to the step's new result files (those without a "commit").
+# stamp STEP: add commit and step to the step's new result files (those without a "reproduce").
 stamp() {
   $PY - "$OUT" "$1" "$COMMIT" <<'EOF'
 import json, sys
@@ -103,8 +103,9 @@ from pathlib import Path
 out, step, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 for path in sorted(out.glob("*.json")):
     data = json.loads(path.read_text())
-    if isinstance(data, dict) and "commit" not in data:
-        data.update(commit=commit, reproduce=f"bash benchmarks/gpu/run.sh {step}")
+    if isinstance(data, dict) and "reproduce" not in data:
+        data.setdefault("commit", commit)
+        data["reproduce"] = f"bash benchmarks/gpu/run.sh {step}"
         path.write_text(json.dumps(data, indent=1) + "\n")
 EOF
 }
