@@ -10,7 +10,7 @@ Methods (``--methods``), all through ``manage.py quantize``'s code at its defaul
 16 x 256 calibration tokens):
   awq        AWQ (asymmetric, integer zero points)    awq-rtn    min-max rounding in AWQ's format
   gptq       GPTQ (symmetric)                         gptq-rtn   min-max rounding in GPTQ's symmetric format
-  gptq-act-order  GPTQ with ``--desc-act``
+  gptq-act-order  GPTQ with ``--desc-act``       gptq-static-groups  with ``--desc-act --static-groups``
 AWQ's search takes about half an hour on 2 CPU cores; ``--quantize-device cuda`` where a GPU is at hand.
 """
 from __future__ import annotations
@@ -36,10 +36,11 @@ from inference.quantization.layer_error import LayerErrors  # noqa: E402
 from inference.quantization.perplexity import perplexity, perplexity_tokens  # noqa: E402
 from inference.quantization.quantize import quantize_model  # noqa: E402
 
-METHODS = {  # name: (format, desc_act, round_to_nearest)
-    "awq-rtn": ("awq", False, True), "awq": ("awq", False, False),
-    "gptq-rtn": ("gptq", False, True), "gptq": ("gptq", False, False), "gptq-act-order": ("gptq", True, False)}
-BASELINE = {"awq": "awq-rtn", "gptq": "gptq-rtn", "gptq-act-order": "gptq-rtn"}
+METHODS = {  # name: (format, desc_act, static_groups, round_to_nearest)
+    "awq-rtn": ("awq", False, False, True), "awq": ("awq", False, False, False),
+    "gptq-rtn": ("gptq", False, False, True), "gptq": ("gptq", False, False, False),
+    "gptq-act-order": ("gptq", True, False, False), "gptq-static-groups": ("gptq", True, True, False)}
+BASELINE = {"awq": "awq-rtn", "gptq": "gptq-rtn", "gptq-act-order": "gptq-rtn", "gptq-static-groups": "gptq-rtn"}
 
 
 def _perplexity(model: str) -> tuple[float, int]:
@@ -70,10 +71,11 @@ def main() -> None:
     print(f"none: perplexity {result['perplexity']['none']:.3f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tessera-quality-") as scratch:
         for method in args.methods:
-            fmt, desc_act, rtn = METHODS[method]
+            fmt, desc_act, static_groups, rtn = METHODS[method]
             errors = LayerErrors(held_out_ids=held_out_ids)
             start = time.perf_counter()
             folder = quantize_model(args.model, Path(scratch) / method, fmt, desc_act=desc_act,
+                                    static_groups=static_groups,
                                     device=args.quantize_device, round_to_nearest=rtn, layer_errors=errors)
             result["quantize_seconds"][method] = round(time.perf_counter() - start, 1)
             result["layer_error_by_type"][method] = errors.by_type()

@@ -32,7 +32,9 @@ class QuantizationConfig:
         zero_point: AWQ's asymmetric zero points (always true for AWQ GEMM checkpoints).
         sym: GPTQ symmetric quantization (zero point 8 everywhere).
         desc_act: GPTQ act-order: columns quantized by decreasing Hessian diagonal; rows of a
-            group are then scattered over the input dimension (``g_idx``).
+            group are then scattered over the input dimension (``g_idx``), unless ``static_groups``.
+        static_groups: GPTQ act-order with each group's parameters fixed before the columns are visited
+            (AutoGPTQ's option): groups stay runs of consecutive input rows, the layout without act-order.
         from_checkpoint: the weights on disk are already quantized (AWQ/GPTQ); false for FP8
             (quantized at load) and for random weights.
     """
@@ -44,6 +46,12 @@ class QuantizationConfig:
     sym: bool = True
     desc_act: bool = False
     from_checkpoint: bool = True
+    static_groups: bool = False
+
+    @property
+    def scattered_groups(self) -> bool:
+        """GPTQ groups whose input rows are scattered (``g_idx`` not ``row // group_size``)."""
+        return self.desc_act and not self.static_groups
 
     def to_hf_dict(self) -> dict:
         """The ``quantization_config`` entry of config.json that transformers and vLLM read."""
@@ -53,7 +61,7 @@ class QuantizationConfig:
         if self.method == "gptq":
             return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
                     "desc_act": self.desc_act, "sym": self.sym, "true_sequential": False,
-                    "damp_percent": 0.1, "static_groups": False, "checkpoint_format": "gptq"}
+                    "damp_percent": 0.1, "static_groups": self.static_groups, "checkpoint_format": "gptq"}
         raise ValueError(f"{self.method} has no checkpoint format")
 
 
@@ -90,7 +98,8 @@ def _from_checkpoint(qc: dict) -> QuantizationConfig:
         raise ModelLoadError(f"GPTQ checkpoint_format={fmt!r}: only 'gptq' (the v1 layout) is supported.",
                              param="quantization")
     return QuantizationConfig("gptq", bits, group_size, zero_point=False, sym=bool(qc.get("sym", True)),
-                              desc_act=bool(qc.get("desc_act", False)))
+                              desc_act=bool(qc.get("desc_act", False)),
+                              static_groups=bool(qc.get("static_groups", False)))
 
 
 def resolve_quantization(requested: str | None, hf_config, load_format: str = "auto") -> QuantizationConfig | None:

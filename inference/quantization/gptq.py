@@ -26,8 +26,13 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, group_size: int, sym: bool = True,
-                  desc_act: bool = False):
+                  desc_act: bool = False, static_groups: bool = False):
     """Quantize ``weight [N, K]`` with Hessian ``H [K, K]``.
+
+    ``static_groups`` (with ``desc_act``; AutoGPTQ's option of that name): each group's scale and zero point
+    come from the unquantized weights of its input rows in their own order, before any column is rounded;
+    columns are still visited by decreasing ``diag(H)``. ``g_idx`` then stays ``row // group_size``: the
+    layout of a checkpoint without act-order, which the kernels read without a permutation.
 
     Returns ``(codes [K, N] int32, scales [G, N] float32, zeros [G, N] int32, g_idx [K] int32)``; the
     dequantized weights are ``packing.dequantize(codes, scales, zeros, g_idx)`` (``[K, N]``).
@@ -39,7 +44,11 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, group_size: int, sym: b
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
+    static = None
+    if static_groups and group_size != -1:  # params per original group, from the weights as they are
+        static = [packing.minmax_params(W[:, g:g + size].t(), sym) for g in range(0, K, size)]
     perm = torch.argsort(torch.diag(H), descending=True) if desc_act else torch.arange(K, device=W.device)
+    group_of = (perm // size).tolist() if static is not None else None  # original group of each visited column
     W, H = W[:, perm], H[perm][:, perm]
     H += DAMP_PERCENT * torch.mean(torch.diag(H)) * torch.eye(K, device=W.device)
     Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
@@ -53,7 +62,9 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, group_size: int, sym: b
         Err1 = torch.zeros_like(W1)
         for i in range(i2 - i1):
             col = i1 + i
-            if col % size == 0:
+            if static is not None:
+                params = static[group_of[col]]
+            elif col % size == 0:
                 # The group's params from its columns as updated so far (those beyond this block
                 # carry the lazy updates of all earlier blocks).
                 cols = W1[:, i:i + size]
@@ -72,7 +83,11 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, group_size: int, sym: b
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
 
     inverse = torch.argsort(perm)
-    g_idx = (inverse // size).to(torch.int32)                    # group of each original input row
-    scales_t, zeros_t = torch.stack(scales), torch.stack(zeros)  # groups in visiting order
+    if static is not None:  # groups of consecutive original rows
+        g_idx = (torch.arange(K, device=W.device) // size).to(torch.int32)
+        scales_t, zeros_t = torch.stack([p[0] for p in static]), torch.stack([p[1] for p in static])
+    else:
+        g_idx = (inverse // size).to(torch.int32)                    # group of each original input row
+        scales_t, zeros_t = torch.stack(scales), torch.stack(zeros)  # groups in visiting order
     codes = packing.quantize_codes(Q[:, inverse].t(), scales_t, zeros_t, g_idx)
     return codes, scales_t, zeros_t, g_idx

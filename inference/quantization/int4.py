@@ -50,7 +50,7 @@ class Int4LinearMethod(LinearMethodBase):
                 "feature counts multiples of 8 (try group_size 32, 64 or -1).", param="quantization")
         layer.group_size = group
         layer.keep_full_groups = part.splits_input and (self.config.group_size == -1
-                                                        or (not self.is_awq and self.config.desc_act))
+                                                        or (not self.is_awq and self.config.scattered_groups))
         num_groups = K // group
         if layer.keep_full_groups and self.config.group_size != -1:
             num_groups = part.full_in_features // group

@@ -118,7 +118,8 @@ def _run_layer(layer, hidden: torch.Tensor, kwargs: dict, record: dict | None = 
 
 @torch.no_grad()
 def quantize_model(model: str, output_dir: str | Path, method: str, group_size: int | None = None,
-                   desc_act: bool = False, calibration: CalibrationConfig = CalibrationConfig(),
+                   desc_act: bool = False, static_groups: bool = False,
+                   calibration: CalibrationConfig = CalibrationConfig(),
                    device: str = "cpu", round_to_nearest: bool = False,
                    layer_errors: LayerErrors | None = None) -> Path:
     """Quantize ``model`` with AWQ or GPTQ (4-bit) and write the checkpoint to ``output_dir``.
@@ -129,6 +130,8 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
         group_size: input channels per scale (None: the largest of 128/64/32 dividing the layers; -1:
             per output channel).
         desc_act: GPTQ act-order.
+        static_groups: with ``desc_act``, each group's scale and zero point fixed from the float weights
+            before the columns are visited: groups stay consecutive rows (no permutation when served).
         round_to_nearest: skip AWQ's scale and clipping search and GPTQ's error feedback: min-max rounding
             per group in the same format (AWQ's asymmetric, GPTQ's symmetric), the baseline both improve on.
         layer_errors: filled with each linear's output error on the calibration activations it was
@@ -145,6 +148,8 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
         raise InvalidRequestError(f"quantization must be 'awq' or 'gptq', got {method!r}.", param="quantization")
     if desc_act and method != "gptq":
         raise InvalidRequestError("desc_act (act-order) applies to GPTQ only.", param="desc_act")
+    if static_groups and not desc_act:
+        raise InvalidRequestError("static_groups applies to GPTQ with desc_act (act-order).", param="static_groups")
     resolved = resolve_model(model)
     config = load_hf_config(resolved.model_dir)
     check_architecture(config)
@@ -167,7 +172,7 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     hf_model = AutoModelForCausalLM.from_pretrained(str(resolved.model_dir), dtype=torch.float32,
                                                     local_files_only=True).to(device).eval()
     qconfig = QuantizationConfig(method, group_size=group_size, zero_point=method == "awq", sym=True,
-                                 desc_act=desc_act)
+                                 desc_act=desc_act, static_groups=static_groups)
     tokenizer = load_tokenizer(resolved.tokenizer_dir)
     hidden, kwargs = _first_layer_inputs(hf_model, calibration_batch(tokenizer, calibration).to(device))
     held_out = None  # (hidden, kwargs) of held-out text through the layers quantized so far
@@ -230,7 +235,7 @@ def _gptq_layer(layer, inputs: dict[str, torch.Tensor], qconfig: QuantizationCon
         linears = [getattr(attn if name in LINEARS[:4] else mlp, name) for name in names]
         weight = torch.cat([linear.weight for linear in linears])
         codes, scales, zeros, g_idx = gptq.gptq_quantize(weight, gptq.hessian(inputs[names[0]]), qconfig.group_size,
-                                                         qconfig.sym, qconfig.desc_act)
+                                                         qconfig.sym, qconfig.desc_act, qconfig.static_groups)
         start = 0
         for name, linear in zip(names, linears):
             rows = slice(start, start + linear.weight.shape[0])

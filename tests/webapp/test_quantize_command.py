@@ -14,6 +14,8 @@ from webapp import launcher
 @pytest.mark.parametrize("flags, message", [
     (["--quantization", "awq", "--group-size", "100"], "group_size=100 must be -1 or a multiple of 16"),
     (["--quantization", "awq", "--desc-act"], "desc_act (act-order) applies to GPTQ only"),
+    (["--quantization", "awq", "--static-groups"], "desc_act (act-order) applies to GPTQ only"),
+    (["--quantization", "gptq", "--desc-act", "--no-desc-act"], "not allowed with argument"),
     (["--quantization", "awq", "--device", "gpu"], "--device 'gpu' is not a device name"),
     (["--quantization", "gptq", "--seq-len", "100000"], "seq_len=100000 is longer than the model's 8192 positions"),
     (["--quantization", "gptq", "--output-dir", "/dev/null/x"], "cannot be created: /dev/null is not a writable"),

@@ -26,7 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--group-size", type=int, default=None,
                             help="Input channels per scale: 128, 64, 32 or -1 (per channel); default: the largest "
                                  "of 128/64/32 dividing the model's layers.")
-        parser.add_argument("--desc-act", action="store_true", help="GPTQ act-order.")
+        order = parser.add_mutually_exclusive_group()
+        order.add_argument("--static-groups", dest="act_order", action="store_const", const="static",
+                           help="GPTQ act-order with each group's scale fixed before the columns are visited: "
+                                "groups stay consecutive input rows (GPTQ's default here; see docs/quantization.md).")
+        order.add_argument("--desc-act", dest="act_order", action="store_const", const="full",
+                           help="GPTQ act-order with groups formed in the visiting order (g_idx scatters them).")
+        order.add_argument("--no-desc-act", dest="act_order", action="store_const", const="none",
+                           help="GPTQ without act-order.")
         parser.add_argument("--num-samples", type=int, default=16, help="Calibration sequences.")
         parser.add_argument("--seq-len", type=int, default=256, help="Tokens per calibration sequence.")
         parser.add_argument("--device", default="cpu", help="Where the float model runs (cpu, cuda).")
@@ -41,13 +48,15 @@ class Command(BaseCommand):
             raise CommandError(f"--device {options['device']!r} is not a device name (cpu, cuda, cuda:N).") from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise CommandError(f"--device {options['device']}: this machine has no CUDA GPU; use --device cpu.")
+        act_order = options["act_order"] or ("static" if options["quantization"] == "gptq" else "none")
         output = Path(options["output_dir"])
         if output.exists() and (not output.is_dir() or any(output.iterdir())):
             raise CommandError(f"--output-dir {output} exists and is not an empty directory; choose a new one.")
         _check_creatable(output)
         try:
             out = quantize_model(options["model"], options["output_dir"], options["quantization"],
-                                 group_size=options["group_size"], desc_act=options["desc_act"],
+                                 group_size=options["group_size"], desc_act=act_order != "none",
+                                 static_groups=act_order == "static",
                                  calibration=CalibrationConfig(options["num_samples"], options["seq_len"]),
                                  device=options["device"])
         except TesseraError as exc:
