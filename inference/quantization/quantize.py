@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from ..errors import InvalidRequestError
 from ..model_loader import check_architecture, load_hf_config, load_tokenizer, resolve_model
 from ..model_loader.sources import ResolvedModel, find_packaged_gguf
 from . import awq, gptq, packing
-from .config import QuantizationConfig
+from .config import QuantizationConfig, _checkpoint_config
 from .layer_error import LayerErrors
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,10 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     resolved = resolve_model(model)
     config = load_hf_config(resolved.model_dir)
     check_architecture(config)
+    if _checkpoint_config(config):
+        method_found = _checkpoint_config(config).get("quant_method", "unknown")
+        raise InvalidRequestError(f"{model} is already quantized (quant_method {method_found!r}); quantize an "
+                                  "unquantized checkpoint.", param="model")
     positions = getattr(config, "max_position_embeddings", None)
     if calibration is not None and positions and calibration.seq_len > positions:
         raise InvalidRequestError(f"seq_len={calibration.seq_len} is longer than the model's {positions} positions "
@@ -256,8 +261,32 @@ def pack_linear(method: str, codes, scales, zeros, g_idx) -> dict[str, torch.Ten
 
 def write_checkpoint(hf_model, results: dict[str, tuple], qconfig: QuantizationConfig, tokenizer,
                      output_dir: Path) -> Path:
-    """Write config.json (float16, with ``quantization_config``), model.safetensors and the tokenizer."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    """Write config.json (float16, with ``quantization_config``), model.safetensors and the tokenizer.
+
+    All of it goes to a scratch folder beside ``output_dir``, renamed into place at the end (``output_dir``
+    must not exist or be empty): a run stopped midway leaves no half-written checkpoint."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+    try:
+        _write_files(hf_model, results, qconfig, tokenizer, scratch)
+        if output_dir.is_dir():
+            output_dir.rmdir()  # empty (the caller checks); a non-empty one raises here, nothing lost
+        os.replace(scratch, output_dir)
+        os.chmod(output_dir, 0o777 & ~_umask())
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _write_files(hf_model, results: dict[str, tuple], qconfig: QuantizationConfig, tokenizer,
+                 output_dir: Path) -> None:
     tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
     state: dict[str, torch.Tensor] = {}
     for name, tensor in hf_model.state_dict().items():
@@ -273,7 +302,6 @@ def write_checkpoint(hf_model, results: dict[str, tuple], qconfig: QuantizationC
     config.update(quantization_config=qconfig.to_hf_dict(), dtype="float16", torch_dtype="float16")
     (output_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     tokenizer.save_pretrained(str(output_dir))
-    return output_dir
 
 
 def dequantize_checkpoint(quantized_dir: str | Path, output_dir: str | Path,
@@ -317,6 +345,4 @@ def dequantize_checkpoint(quantized_dir: str | Path, output_dir: str | Path,
 def _save_weights(state: dict, path: Path) -> None:
     """safetensors' ``save_file`` with the file mode every other written file gets (it creates 0600)."""
     save_file(state, str(path), metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    os.chmod(path, 0o666 & ~_umask())
