@@ -13,8 +13,8 @@ import torch
 from inference import LLM, EngineArgs, InvalidRequestError, LoRARequest, SamplingParams
 from inference.kv_cache.block_hash import hash_block_tokens
 
-from .conftest import _packaged_gguf, hf_greedy
-from .lora_adapters import ALL_TARGETS, make_peft_adapter
+from .conftest import _packaged_gguf
+from .lora_adapters import two_adapters_with_reference
 
 NUM_TOKENS = 16
 ENGINE = dict(enable_lora=True, max_lora_rank=16, max_model_len=256, kv_cache_space=0.25)
@@ -29,16 +29,7 @@ def adapters(tmp_path_factory, test_prompts):
     gguf = _packaged_gguf()
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     prompts = test_prompts[:3]
-    reference = {None: [hf_greedy(model, p, NUM_TOKENS) for p in prompts]}
-    specs = {"a": dict(r=8, alpha=16, targets=ALL_TARGETS, seed=1),
-             "b": dict(r=16, alpha=8, targets=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"], seed=2,
-                       use_rslora=True)}
-    for name, spec in specs.items():
-        peft_model = make_peft_adapter(model, folder / name, **spec)
-        reference[name] = [hf_greedy(peft_model, p, NUM_TOKENS) for p in prompts]
-        model = peft_model.unload()
-    assert reference["a"] != reference[None] and reference["b"] != reference[None] != reference["a"]
-    requests = {None: None, "a": LoRARequest("a", 1, str(folder / "a")), "b": LoRARequest("b", 2, str(folder / "b"))}
+    reference, requests = two_adapters_with_reference(model, folder, prompts, NUM_TOKENS)
     return dict(folder=folder, prompts=prompts, reference=reference, requests=requests)
 
 

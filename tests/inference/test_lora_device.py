@@ -15,10 +15,10 @@ from .triton_interpreter import HAS_CUDA
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="the LoRA kernels inside the engine on a CUDA device")
 
-from inference import LLM, LoRARequest, SamplingParams  # noqa: E402
+from inference import LLM, SamplingParams  # noqa: E402
 
-from .conftest import free_device_memory, hf_greedy, make_tiny_model  # noqa: E402
-from .lora_adapters import ALL_TARGETS, make_peft_adapter  # noqa: E402
+from .conftest import free_device_memory, make_tiny_model  # noqa: E402
+from .lora_adapters import two_adapters_with_reference  # noqa: E402
 
 NUM_TOKENS = 12
 
@@ -33,16 +33,7 @@ def tiny_with_adapters(tmp_path_factory, smollm2_tokenizer):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 60))] for _ in range(4)]
-    reference = {None: [hf_greedy(model, p, NUM_TOKENS) for p in prompts]}
-    specs = {"a": dict(r=8, alpha=16, targets=ALL_TARGETS, seed=1, b_std=0.2),
-             "b": dict(r=16, alpha=8, targets=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"], seed=2,
-                       use_rslora=True, b_std=0.2)}
-    for name, spec in specs.items():
-        peft_model = make_peft_adapter(model, folder / name, **spec)
-        reference[name] = [hf_greedy(peft_model, p, NUM_TOKENS) for p in prompts]
-        model = peft_model.unload()
-    assert reference["a"] != reference[None] and reference["b"] != reference[None] != reference["a"]
-    requests = {None: None, "a": LoRARequest("a", 1, str(folder / "a")), "b": LoRARequest("b", 2, str(folder / "b"))}
+    reference, requests = two_adapters_with_reference(model, folder, prompts, NUM_TOKENS, b_std=0.2)
     return dict(model=str(model_dir), prompts=prompts, reference=reference, requests=requests)
 
 
