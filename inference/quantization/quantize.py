@@ -154,10 +154,10 @@ def quantize_model(model: str, output_dir: str | Path, method: str, group_size: 
     resolved = resolve_model(model)
     config = load_hf_config(resolved.model_dir)
     check_architecture(config)
-    if _checkpoint_config(config):
-        method_found = _checkpoint_config(config).get("quant_method", "unknown")
-        raise InvalidRequestError(f"{model} is already quantized (quant_method {method_found!r}); quantize an "
-                                  "unquantized checkpoint.", param="model")
+    existing = _checkpoint_config(config)
+    if existing:
+        raise InvalidRequestError(f"{model} is already quantized (quant_method {existing.get('quant_method')!r}); "
+                                  "quantize an unquantized checkpoint.", param="model")
     positions = getattr(config, "max_position_embeddings", None)
     if calibration is not None and positions and calibration.seq_len > positions:
         raise InvalidRequestError(f"seq_len={calibration.seq_len} is longer than the model's {positions} positions "
