@@ -330,7 +330,8 @@ class LLMEngine:
            returning typed records (``Scheduler.update_from_output``);
         2. schedule and launch the next step (the device starts on it);
         3. while it runs, the output processor detokenizes the records of 1 (stop strings,
-           logprobs) into deltas; the requests a stop string ended are then finished in the scheduler.
+           logprobs) into deltas; the requests a stop string ended are then finished in the scheduler;
+           then the scheduler's prefix-cache work for the next step (``Scheduler.while_step_runs``).
 
         A request that a stop string ends in 3 was already launched in 2; that extra token is
         dropped when it arrives. On CPU, step 2 runs to completion before 3 (no overlap).
@@ -348,12 +349,14 @@ class LLMEngine:
         outputs, self._aborted_outputs = self._aborted_outputs, []
         ahead = self._launch_ahead()
         update = self._finish_inflight()
+        launched = None
         if ahead is not None:
             self._inflight = ahead
         else:
             sched_out = self.scheduler.schedule()
             if not sched_out.is_empty:
                 self._inflight = (sched_out, self.runner.execute_async(sched_out))
+                launched = sched_out
             else:  # nothing runs; a step that preempted every running request still swaps
                 self.runner.apply_block_ops(sched_out)
                 if ((update is None or update.is_empty) and self.scheduler.num_unfinished
@@ -364,6 +367,8 @@ class LLMEngine:
             self.scheduler.finish_requests(processed.stopped_request_ids, RequestStatus.FINISHED_STOPPED)
             self.generation_tokens_total -= processed.num_dropped_tokens
             outputs.extend(processed.request_outputs)
+        if launched is not None:
+            self.scheduler.while_step_runs(launched)
         return outputs
 
     def _launch_ahead(self):

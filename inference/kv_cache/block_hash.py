@@ -45,10 +45,18 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_
 def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
                         num_blocks: int, cache_salt: str | None = None, lora_key: str | None = None) -> None:
     """Append to ``block_hashes`` the hashes of blocks ``len(block_hashes) .. num_blocks - 1`` of
-    ``token_ids`` (each block must be full: ``num_blocks * block_size <= len(token_ids)``)."""
-    for index in range(len(block_hashes), num_blocks):
-        parent = block_hashes[-1] if block_hashes else None
-        tokens = token_ids[index * block_size:(index + 1) * block_size]
-        first = index == 0
-        block_hashes.append(hash_block_tokens(parent, tokens, cache_salt if first else None,
-                                              lora_key if first else None))
+    ``token_ids`` (each block must be full: ``num_blocks * block_size <= len(token_ids)``); the same digests
+    as :func:`hash_block_tokens` block by block, with the token ids converted to bytes once."""
+    start = len(block_hashes)
+    if num_blocks <= start:
+        return
+    if start == 0:
+        block_hashes.append(hash_block_tokens(None, token_ids[:block_size], cache_salt, lora_key))
+        start = 1
+    data = memoryview(array("q", token_ids[start * block_size:num_blocks * block_size]).tobytes())
+    width, parent, sha256 = block_size * 8, block_hashes[-1], hashlib.sha256  # 8 bytes a token id
+    for offset in range(0, len(data), width):
+        digest = sha256(parent)
+        digest.update(data[offset:offset + width])
+        parent = digest.digest()
+        block_hashes.append(parent)

@@ -116,14 +116,17 @@ class KVCacheManager:
             hits.append(block_id)
         return ComputedBlocks(hits, len(hits) * self.block_size) if hits else NO_HIT
 
-    def cache_blocks(self, request: Request) -> None:
-        """Register the request's full, computed blocks whose token ids are known in the prefix cache
-        (after a step). A step scheduled ahead advances ``num_computed_tokens`` before the tokens of
-        its multi-step window are appended; their blocks are registered once they are (the
-        scheduler calls this again after appending)."""
+    def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None:
+        """Register in the prefix cache the request's full blocks among its first ``num_tokens`` tokens
+        (default ``num_computed_tokens``) whose token ids are known. Blocks a launched step computes may
+        be registered at once (steps run in order on the device: any later step reads them written);
+        a step scheduled ahead advances ``num_computed_tokens`` before the tokens of its multi-step
+        window are appended, and their blocks are registered once they are (the scheduler calls this
+        again after appending)."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size
+        computed = request.num_computed_tokens if num_tokens is None else num_tokens
+        num_full = min(computed, len(request.all_token_ids)) // self.block_size
         start = self._num_cached_blocks.get(request.request_id, 0)
         if num_full <= start:
             return
@@ -131,6 +134,12 @@ class KVCacheManager:
         for index in range(start, num_full):
             self.pool.cache_block(request.block_ids[index], request.block_hashes[index])
         self._num_cached_blocks[request.request_id] = num_full
+
+    def hash_prompt(self, request: Request) -> None:
+        """Compute the block hashes :meth:`get_computed_blocks` will look up for a waiting request (ahead of
+        its admission, while the device runs a step); nothing when caching is off or it has computed tokens."""
+        if self.enable_prefix_caching and not request.num_computed_tokens:
+            self._hash_blocks(request, (request.num_tokens - 1) // self.block_size)
 
     def _hash_blocks(self, request: Request, num_blocks: int) -> None:
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, num_blocks,

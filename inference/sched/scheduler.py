@@ -121,6 +121,26 @@ class Scheduler:
         self._assign_lora_slots(out)
         return out
 
+    def while_step_runs(self, out: SchedulerOutput) -> None:
+        """Host work that overlaps the step ``out`` (launched by :meth:`schedule`), taken out of the next
+        :meth:`update_from_output` and :meth:`schedule`. With prefix caching: register the full blocks the step
+        computes (a prefill chunk's prompt blocks), and hash the blocks of the requests waiting next, up to
+        one step's token budget (their prefix lookups then only read the pool's table)."""
+        kv = self.kv
+        if not kv.enable_prefix_caching:
+            return
+        if out.num_steps == 1:
+            for item in out.scheduled:
+                request = item.request
+                if not request.is_finished:
+                    kv.cache_blocks(request, request.num_computed_tokens + item.num_scheduled_tokens)
+        budget = self.config.max_num_batched_tokens
+        for request in self.policy:  # the admission order under fcfs; any order is correct
+            if budget <= 0:
+                break
+            kv.hash_prompt(request)
+            budget -= request.num_tokens
+
     def _assign_lora_slots(self, out: SchedulerOutput) -> None:
         if self.lora_slots is not None:
             out.lora_slots, out.lora_loads = self.lora_slots.assign(item.request for item in out.scheduled)

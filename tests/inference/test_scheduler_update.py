@@ -66,3 +66,25 @@ def test_a_step_scheduled_ahead_is_advanced_once():
     assert request.num_computed_tokens == 6 and request.output_token_ids == [3, 4]
     update(scheduler, ahead, token_id=4)
     assert request.num_computed_tokens == 7 and request.output_token_ids == [3, 4, 4]
+
+
+def test_prefix_cache_work_overlaps_the_step_without_changing_hits():
+    """``while_step_runs`` (called while the device runs a step) registers the full prompt blocks the step
+    computes and hashes the next waiting prompt; the update after the step changes nothing more, and a
+    later request with the same prompt hits those blocks."""
+    config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=64)
+    scheduler = Scheduler(config, KVCacheManager(16, 4, enable_prefix_caching=True))
+    prompt = list(range(10, 19))  # 9 tokens: two full blocks of 4
+    first, second = (Request(rid, rid, 0, prompt, SamplingParams(max_tokens=1), 1) for rid in ("a", "b"))
+    scheduler.add_request(first)
+    scheduler.add_request(second)  # waits: one sequence at a time
+    out = scheduler.schedule()
+    assert [item.request for item in out.scheduled] == [first]
+    scheduler.while_step_runs(out)
+    assert scheduler.kv.pool.num_cached_blocks == 2
+    assert len(second.block_hashes) == 2 and second.block_hashes == first.block_hashes[:2]
+    update(scheduler, out)
+    assert scheduler.kv.pool.num_cached_blocks == 2 and first.is_finished
+    out = scheduler.schedule()
+    assert [(item.request, item.num_scheduled_tokens) for item in out.scheduled] == [(second, 1)]
+    assert second.num_cached_tokens == 8
