@@ -69,7 +69,7 @@ def _decode_split_kernel(
     stride_btb, stride_ob, stride_oh, stride_od,
     group_size, head_dim, block_size,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, F16_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     # Program (request b, kv head h, slice s): query heads h*G .. h*G+G-1 over keys [start, end).
     b = tl.program_id(0)
@@ -88,13 +88,6 @@ def _decode_split_kernel(
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=gd_mask, other=0.0)
 
-    # FP8 cache, 16-bit model: both scales folded out of the loop, e4m3 converted to fp16 (one instruction a pair)
-    if F16_DOT:
-        q_dot = (q.to(tl.float32) * (qk_scale * k_scale)).to(tl.float16)
-        score_scale = 1.0
-    else:
-        q_dot = q
-        score_scale = qk_scale
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -106,20 +99,16 @@ def _decode_split_kernel(
         kv_off = (blocks[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
                   + h * stride_ch + offs_d[None, :] * stride_cd)
         nd_mask = n_mask[:, None] & (offs_d[None, :] < head_dim)
-        k = tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0)
-        k = k.to(tl.float16) if F16_DOT else from_cache(k, k_scale, q.dtype, FP8)
-        scores = tl.dot(q_dot, tl.trans(k), input_precision=DOT_PRECISION) * score_scale  # [BLOCK_G, BLOCK_N], log2
+        k = from_cache(tl.load(k_cache_ptr + kv_off, mask=nd_mask, other=0.0), k_scale, q.dtype, FP8)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0)
-        v = v.to(tl.float16) if F16_DOT else from_cache(v, v_scale, q.dtype, FP8)
+        v = from_cache(tl.load(v_cache_ptr + kv_off, mask=nd_mask, other=0.0), v_scale, q.dtype, FP8)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-    if F16_DOT:
-        acc = acc * v_scale
 
     # An empty slice (or a zero-length padding request) leaves l_i = 0: output zeros, lse = -inf.
     safe_l = tl.where(l_i > 0, l_i, 1.0)
@@ -243,14 +232,13 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         part_out = part_lse = out  # unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     launch = {**decode_launch(head_dim, kv_cache.element_size()), **(launch or {})}
-    fp8 = kv_cache.dtype == FP8_DTYPE
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, scale * _LOG2E, k_scale, v_scale,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
         group_size, head_dim, block_size,
         NUM_SPLITS=num_splits, BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=launch["block_n"],
         BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FP8=fp8, F16_DOT=fp8 and q.dtype != torch.float32, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        FP8=kv_cache.dtype == FP8_DTYPE, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     if num_splits > 1:
         block_h = triton.next_power_of_2(launch.get("reduce_heads") or reduce_heads(num_heads, num_splits, block_d))
