@@ -169,9 +169,9 @@ class LoRALinear(nn.Module):
         out2 = out.view(-1, out.shape[-1])
         if use_triton_layers(x):
             from .triton_lora import lora_expand_, lora_shrink  # noqa: PLC0415
-            s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.tiles)  # [P, T, R] partials
+            s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.tiles)
             if self.reduce and self.tp.world_size > 1:
-                s = self.tp.all_reduce(s.sum(0))
+                s = self.tp.all_reduce(s)
             lora_expand_(out2, s, self.lora_b, batch.sorted_rows, batch.tiles, self.slice_starts_t,
                          self.r_max, self.max_slice_width)
             return out

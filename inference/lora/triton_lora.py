@@ -59,16 +59,16 @@ def _lora_shrink_kernel(
 
 @triton.jit
 def _lora_expand_kernel(
-    s_ptr,             # [P, T, num_slices * r_max] float32 partial sums, strides (stride_sp, stride_sm, 1)
+    s_ptr,             # [T, num_slices * r_max] float32, row stride stride_sm
     b_ptr,             # [S, N, r_max] model dtype, strides (stride_bs, stride_bn, 1)
     out_ptr,           # [T, N] model dtype, row stride stride_om, updated in place
     sorted_rows_ptr,   # [>= T] int32 token rows grouped by slot
     tiles_ptr,         # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
-    num_parts, r_max, stride_sp, stride_sm, stride_bs, stride_bn, stride_om,
+    r_max, stride_sm, stride_bs, stride_bn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    # Program (row tile, column tile, slice). The shrink's partial sums are added here, in order.
+    # Program (row tile, column tile, slice).
     pid_t, pid_n, piece = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(tiles_ptr + pid_t * 3)
     m0 = tl.load(tiles_ptr + pid_t * 3 + 1)
@@ -84,11 +84,8 @@ def _lora_expand_kernel(
         mask_j = offs_j < r_max
         offs_n = first_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n1
-        s_ptrs = s_ptr + rows[:, None] * stride_sm + (piece * r_max + offs_j)[None, :]
-        mask_s = mask_m[:, None] & mask_j[None, :]
-        s = tl.load(s_ptrs, mask=mask_s, other=0.0)
-        for part in range(1, num_parts):
-            s += tl.load(s_ptrs + part * stride_sp, mask=mask_s, other=0.0)
+        s = tl.load(s_ptr + rows[:, None] * stride_sm + (piece * r_max + offs_j)[None, :],
+                    mask=mask_m[:, None] & mask_j[None, :], other=0.0)
         b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_j[:, None],
                     mask=mask_j[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
         acc = tl.dot(s.to(b.dtype), b)
@@ -114,14 +111,14 @@ def shrink_split_k(num_tokens: int, k: int, device: torch.device) -> int:
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
-    """``[P, T, R]`` float32 partial sums of the low-rank activations, one per slice of K
-    (:func:`shrink_split_k`; their sum over ``P`` is ``A x``). :func:`lora_expand_` adds them in a fixed order
-    (deterministic, unlike atomics, and no reduction kernel of its own). Rows without an adapter hold no
-    meaningful value (never read).
+    """``[T, R]`` float32 low-rank activations; rows without an adapter hold no meaningful value (never read).
 
     Args:
         x: ``[T, K]`` contiguous rows; a: ``[S, R, K]`` contiguous, same dtype as ``x``.
         sorted_rows: ``[>= T]`` int32; tiles: ``[>= max_tiles(T, S), 3]`` int32 from :func:`.tiles.segment_tiles`.
+
+    K is split over programs (:func:`shrink_split_k`); the slices' partial sums are added in a fixed order
+    (deterministic, unlike atomics).
     """
     num_tokens, k = x.shape
     num_slots, r, _ = a.shape
@@ -133,7 +130,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, til
     _lora_shrink_kernel[grid](x, a, part, sorted_rows, tiles, k, r, k_per_split, x.stride(0), a.stride(0),
                               a.stride(1), part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_R=block_r,
                               BLOCK_K=BLOCK_K)
-    return part
+    return part[0] if split_k == 1 else part.sum(0)
 
 
 def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_rows: torch.Tensor,
@@ -141,17 +138,14 @@ def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_row
     """``out += B s`` per slot segment and slice, in place (see :func:`.torch_ref.lora_expand_ref`).
 
     Args:
-        out: ``[T, N]`` with unit column stride; s: ``[P, T, num_slices * r_max]`` float32 partial sums
-            (:func:`lora_shrink`) or ``[T, num_slices * r_max]``, unit column stride;
+        out: ``[T, N]`` with unit column stride; s: ``[T, num_slices * r_max]`` float32;
         b: ``[S, N, r_max]`` contiguous; tiles: ``[>= max_tiles(T, S), 3]`` int32 (:func:`.tiles.segment_tiles`);
         slice_starts: ``[num_slices + 1]`` int32 on the device;
         max_slice_width: the widest slice's columns (host int, sizes the grid).
     """
     num_tokens = out.shape[0]
-    if s.dim() == 2:
-        s = s.unsqueeze(0)
     num_slices = slice_starts.shape[0] - 1
     grid = (max_tiles(num_tokens, b.shape[0]), triton.cdiv(max_slice_width, BLOCK_N), num_slices)
-    _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, s.shape[0], r_max, s.stride(0),
-                              s.stride(1), b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0),
+                              b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                               BLOCK_R=_block_r(r_max))

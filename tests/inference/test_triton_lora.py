@@ -53,9 +53,7 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     for width in slices:
         starts.append(starts[-1] + width)
 
-    parts = lora_shrink(x, a, sorted_rows, tiles)  # [P, T, R]: split K on 8 "SMs" when K has two blocks
-    assert parts.shape[0] == 2  # K's two blocks split over two programs
-    s = parts.sum(0)
+    s = lora_shrink(x, a, sorted_rows, tiles)
     s_ref = lora_shrink_ref(x, a, sorted_rows, slot_starts)
     used = torch.tensor([slot >= 0 for slot in token_slots], device=DEVICE)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 and not HAS_CUDA else dict(atol=3e-2, rtol=2e-2)
@@ -68,10 +66,6 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     lora_expand_ref(expected, s_ref, b, sorted_rows, slot_starts, tuple(starts), r_max)
     torch.testing.assert_close(out.float(), expected.float(), **tol)
     assert torch.equal(out[~used], base[~used])  # rows without an adapter are untouched
-    fused = base.clone()  # the expand adds the shrink's partial sums itself
-    lora_expand_(fused, parts, b, sorted_rows, tiles, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-                 r_max, max(slices))
-    torch.testing.assert_close(fused.float(), expected.float(), **tol)
     if any(slot >= 0 for slot in token_slots):
         assert not torch.equal(out[used], base[used])
 
