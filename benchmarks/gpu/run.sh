@@ -168,8 +168,10 @@ for step in "$@"; do
       run_step w1-nopc-$r 200 $TP $W1 --step-trace --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
       run_step w1-pc-$r 200 $TP $W1 --step-trace --output-json "$(name w1-prefix-on "" _$r)"
     done
-    run_step w2-nopc 200 $TP $W2 --step-trace --no-enable-prefix-caching --output-json "$(name w2-prefix-off)"
-    run_step w2-pc 200 $TP $W2 --step-trace --output-json "$(name w2-prefix-on)" ;;
+    for r in a b; do
+      run_step w2-nopc-$r 200 $TP $W2 --step-trace --no-enable-prefix-caching --output-json "$(name w2-prefix-off "" _$r)"
+      run_step w2-pc-$r 200 $TP $W2 --step-trace --output-json "$(name w2-prefix-on "" _$r)"
+    done ;;
   prefix-ttft) run_step prefix-ttft 360 $PY benchmarks/prefix_caching.py --model $M7 --load-format dummy \
       --dtype bfloat16 --workloads batch --num-prompts 256 --system-len 1024 --max-model-len 2048 \
       --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;
