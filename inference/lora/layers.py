@@ -106,6 +106,12 @@ def _slices(base: nn.Module, name: str) -> tuple[tuple[LoRASlice, ...], tuple[in
     return tuple(slices), part.in_range, part.reduce, part.tp
 
 
+# Rows times slots up to which a GPU step's shrink is one dense matmul of every row against every slot
+# (:func:`.triton_lora.lora_shrink_all_slots`): decode batches up to 512 rows over 8 slots. Above it, the
+# segmented shrink, which reads each row against its own slot only.
+ALL_SLOTS_MAX_ROWS = 4096
+
+
 class LoRALinear(nn.Module):
     """``forward(x [T, in_local]) -> base(x) + B[slot] A[slot] x`` per token (see the module docstring).
 
@@ -168,12 +174,17 @@ class LoRALinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         out2 = out.view(-1, out.shape[-1])
         if use_triton_layers(x):
-            from .triton_lora import lora_expand_, lora_shrink  # noqa: PLC0415
-            s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.tiles)
+            from .triton_lora import lora_expand_, lora_shrink, lora_shrink_all_slots  # noqa: PLC0415
+            slot_stride = 0
+            if flat.shape[0] * self.lora_a.shape[0] <= ALL_SLOTS_MAX_ROWS:
+                s = lora_shrink_all_slots(flat, self.lora_a)
+                slot_stride = self.lora_a.shape[1]
+            else:
+                s = lora_shrink(flat.contiguous(), self.lora_a, batch.sorted_rows, batch.tiles)
             if self.reduce and self.tp.world_size > 1:
                 s = self.tp.all_reduce(s)
             lora_expand_(out2, s, self.lora_b, batch.sorted_rows, batch.tiles, self.slice_starts_t,
-                         self.r_max, self.max_slice_width)
+                         self.r_max, self.max_slice_width, slot_stride)
             return out
         s = lora_shrink_ref(flat, self.lora_a, batch.sorted_rows, batch.slot_starts)
         if self.reduce and self.tp.world_size > 1:

@@ -59,13 +59,14 @@ def _lora_shrink_kernel(
 
 @triton.jit
 def _lora_expand_kernel(
-    s_ptr,             # [T, num_slices * r_max] float32, row stride stride_sm
+    s_ptr,             # [T, >= num_slices * r_max] float32 or model dtype, row stride stride_sm; a row's values
+                       # for slot s start at column s * stride_s_slot (0: one set of columns for every slot)
     b_ptr,             # [S, N, r_max] model dtype, strides (stride_bs, stride_bn, 1)
     out_ptr,           # [T, N] model dtype, row stride stride_om, updated in place
     sorted_rows_ptr,   # [>= T] int32 token rows grouped by slot
     tiles_ptr,         # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
-    r_max, stride_sm, stride_bs, stride_bn, stride_om,
+    r_max, stride_sm, stride_s_slot, stride_bs, stride_bn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     # Program (row tile, column tile, slice).
@@ -84,7 +85,7 @@ def _lora_expand_kernel(
         mask_j = offs_j < r_max
         offs_n = first_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n1
-        s = tl.load(s_ptr + rows[:, None] * stride_sm + (piece * r_max + offs_j)[None, :],
+        s = tl.load(s_ptr + rows[:, None] * stride_sm + (slot * stride_s_slot + piece * r_max + offs_j)[None, :],
                     mask=mask_m[:, None] & mask_j[None, :], other=0.0)
         b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_j[:, None],
                     mask=mask_j[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
@@ -133,12 +134,27 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, til
     return part[0] if split_k == 1 else part.sum(0)
 
 
+def lora_shrink_all_slots(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``[T, S * R]`` in the dtype of ``x``: every row against every slot's ``A`` in one dense matmul (cuBLAS),
+    row ``t``'s own values at columns ``slot(t) * R ..`` (pass ``slot_stride=R`` to :func:`lora_expand_`).
+    For small batches (a decode step): ``S`` times the FLOPs of :func:`lora_shrink`, which are negligible
+    there, in one kernel instead of the shrink and the sum of its split-K partials.
+
+    Args:
+        x: ``[T, K]``; a: ``[S, R, K]`` contiguous, same dtype as ``x``.
+    """
+    return x @ a.view(-1, a.shape[2]).t()
+
+
 def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_rows: torch.Tensor,
-                 tiles: torch.Tensor, slice_starts: torch.Tensor, r_max: int, max_slice_width: int) -> None:
+                 tiles: torch.Tensor, slice_starts: torch.Tensor, r_max: int, max_slice_width: int,
+                 slot_stride: int = 0) -> None:
     """``out += B s`` per slot segment and slice, in place (see :func:`.torch_ref.lora_expand_ref`).
 
     Args:
-        out: ``[T, N]`` with unit column stride; s: ``[T, num_slices * r_max]`` float32;
+        out: ``[T, N]`` with unit column stride; s: ``[T, num_slices * r_max]`` float32 (:func:`lora_shrink`),
+            or ``[T, S * num_slices * r_max]`` (:func:`lora_shrink_all_slots`, with ``slot_stride`` its
+            ``num_slices * r_max``), unit column stride;
         b: ``[S, N, r_max]`` contiguous; tiles: ``[>= max_tiles(T, S), 3]`` int32 (:func:`.tiles.segment_tiles`);
         slice_starts: ``[num_slices + 1]`` int32 on the device;
         max_slice_width: the widest slice's columns (host int, sizes the grid).
@@ -146,6 +162,6 @@ def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_row
     num_tokens = out.shape[0]
     num_slices = slice_starts.shape[0] - 1
     grid = (max_tiles(num_tokens, b.shape[0]), triton.cdiv(max_slice_width, BLOCK_N), num_slices)
-    _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0),
+    _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0), slot_stride,
                               b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                               BLOCK_R=_block_r(r_max))

@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 
 from inference.lora.torch_ref import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from inference.lora.tiles import max_tiles, segment_tiles  # noqa: E402
-from inference.lora.triton_lora import lora_expand_, lora_shrink  # noqa: E402
+from inference.lora.triton_lora import lora_expand_, lora_shrink, lora_shrink_all_slots  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -66,6 +66,13 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     lora_expand_ref(expected, s_ref, b, sorted_rows, slot_starts, tuple(starts), r_max)
     torch.testing.assert_close(out.float(), expected.float(), **tol)
     assert torch.equal(out[~used], base[~used])  # rows without an adapter are untouched
+    # a small batch's shrink: every row against every slot in one matmul, the expand picking each row's slot
+    s_all = lora_shrink_all_slots(x.float(), a.float())
+    every = base.clone()
+    lora_expand_(every, s_all, b, sorted_rows, tiles, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+                 r_max, max(slices), slot_stride=num_slices * r_max)
+    torch.testing.assert_close(every.float(), expected.float(), **tol)
+    assert torch.equal(every[~used], base[~used])
     if any(slot >= 0 for slot in token_slots):
         assert not torch.equal(out[used], base[used])
 
