@@ -1,5 +1,5 @@
 """A worker's engine loop and a registered LoRA adapter that no longer loads: its requests get 503 (the
-operator's fault, not the client's), with no server path in the message; other requests go on."""
+operator's fault, not the client's) with the reason, and no server path, in the message; other requests go on."""
 from __future__ import annotations
 
 import shutil
@@ -36,7 +36,7 @@ def test_a_registered_adapter_whose_folder_is_gone_is_a_503_without_its_path(tmp
         assert finished.wait(120), "the base model's request did not finish"
         [(rid, status, message, param)] = rejected
         assert (rid, status, param) == ("adapter", 503, None)
-        assert "'sql'" in message and str(tmp_path) not in message
+        assert "'sql'" in message and "no such folder" in message and str(tmp_path) not in message
     finally:
         loop.stop()
         loop.join(timeout=30)

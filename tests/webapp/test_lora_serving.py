@@ -137,6 +137,17 @@ def test_a_tenants_adapter_is_refused_to_another_tenant_with_404_and_served_to_i
                     "--tenant", team_a.slug)
     assert added.returncode == 0, added.stderr
     assert "a-only" in _models(s, bearer(key_a)) and "a-only" not in _models(s, bearer(key_b))
+    for taken, words in ((MODEL, "served model's name"), ("startup", "start-up (--lora-modules)")):
+        # a tenant's adapter named like the base model or a start-up adapter would take that name from the others
+        refused = _manage(s, "lora_adapter", "add", taken, str(folder / "owned"), "--base-model", MODEL,
+                          "--tenant", team_a.slug)
+        assert refused.returncode != 0 and words in refused.stderr, refused.stderr
+        from django.test import override_settings
+
+        from webapp.catalog.admin import LoRAAdapterForm  # the admin's form refuses it the same way
+        form = LoRAAdapterForm(data={"name": taken, "base_model": MODEL, "path": str(folder / "owned"), "tenant": ""})
+        with override_settings(CELERY_BROKER_URL=s.redis_url):  # this process reads the stack's Redis
+            assert not form.is_valid() and words in " ".join(form.errors.get("name", [])), form.errors
 
     status, refused = _complete(s, "a-only", bearer(key_b))
     unknown_status, unknown = _complete(s, "no-such-model", bearer(key_b))
@@ -194,14 +205,18 @@ def test_bad_adapters_are_refused_naming_the_limit_and_nothing_is_registered(lor
         ({"lora_name": "x", "lora_path": str(folder / "other-base")}, 400, "lora_path", ["shape"]),
         ({"lora_name": "x"}, 400, "lora_path", ["required"]),
         ({"lora_path": str(folder / "owned")}, 400, "lora_name", ["required"]),
-        ({"lora_name": "startup", "lora_path": str(folder / "owned")}, 400, "lora_name", ["already been loaded"]),
+        ({"lora_name": "startup", "lora_path": str(folder / "owned")}, 400, "lora_name", ["start-up"]),
         ({"lora_name": MODEL, "lora_path": str(folder / "owned")}, 400, "lora_name", ["served model"]),
+        ({"lora_name": "x\n", "lora_path": str(folder / "owned")}, 400, "lora_name", ["letters"]),
+        ({"lora_name": "x", "lora_path": str(folder / "owned"), "tenant": "t"}, 400, "tenant", ["Unknown field"]),
     ]
     for body, status, param, words in cases:
         got, raw = _load(s, body)
         error = json.loads(raw)["error"]
         assert (got, error["param"]) == (status, param), (body, raw)
         assert all(w in error["message"] for w in words), (body, error["message"])
+    status, _, raw = http("POST", s.base_url + "/v1/unload_lora_adapter", {"lora_name": "startup"})
+    assert status == 400 and "--lora-modules" in json.loads(raw)["error"]["message"], raw
     key, secret = ApiKey.issue(make_tenant())
     got, raw = _load(s, {"lora_name": "x", "lora_path": str(folder / "owned")}, bearer(secret))
     assert got == 403 and json.loads(raw)["error"]["code"] == "permission_denied"

@@ -19,7 +19,7 @@ from webapp.transport.keys import LORA_VERSION_KEY
 
 from .errors import APIError
 from .served import live_models, resolve_served_model, unknown_model
-from .tokenization import ServedModel
+from .tokenization import ServedModel, served_models
 
 CACHE_MAX_AGE = 30.0  # seconds; a safety net in case Redis lost the version counter
 
@@ -75,6 +75,27 @@ def startup_adapters(live: dict[str, tuple[ServedModel, list[dict[str, Any]]]]) 
             for module in (worker.get("lora") or {}).get("modules", ()):
                 found.setdefault(module["name"], Adapter(module["name"], model, module["path"]))
     return found
+
+
+async def name_clash(name: str) -> str | None:
+    """Why ``name`` cannot name a newly registered adapter, or None: it is a served model's name (live,
+    configured, or in the admin's catalog) or a live worker's start-up adapter (``--lora-modules``). A
+    registered adapter of that name is the caller's check (the database's unique name).
+
+    Raises:
+        RedisError: Redis cannot be read.
+    """
+    from asgiref.sync import sync_to_async  # noqa: PLC0415
+
+    from webapp.catalog.models import ServedModel as CatalogModel  # noqa: PLC0415
+
+    live = await live_models()
+    if (name in live or any(m.name == name for m in served_models())
+            or await sync_to_async(CatalogModel.objects.filter(name=name).exists)()):
+        return f"'{name}' is a served model's name; an adapter needs a name of its own."
+    if name in startup_adapters(live):
+        return f"'{name}' is a LoRA adapter the workers loaded at start-up (--lora-modules)."
+    return None
 
 
 async def all_adapters(live: dict[str, tuple[ServedModel, list[dict[str, Any]]]] | None = None) -> dict[str, Adapter]:

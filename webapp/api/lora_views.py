@@ -31,7 +31,7 @@ from webapp.catalog.models import NAME_MAX_LENGTH, NAME_RULE, LoRAAdapter
 from webapp.env import ENV
 from webapp.serving.client import model_workers
 
-from .adapters import all_adapters
+from .adapters import name_clash, startup_adapters
 from .decorators import api_view
 from .errors import APIError, bad_request, no_worker, not_found
 from .protocol import Body, parse_json_body
@@ -58,6 +58,22 @@ def _tenants_have_keys() -> bool:
     return ApiKey.objects.filter(revoked_at__isnull=True).exists()
 
 
+LOAD_FIELDS = frozenset({"lora_name", "lora_path", "base_model_name"})
+UNLOAD_FIELDS = frozenset({"lora_name", "lora_int_id"})
+
+
+def _body(request: HttpRequest, fields: frozenset[str]) -> Body:
+    """The JSON body, refusing fields the endpoint does not know (a ``tenant`` would otherwise be dropped
+    silently, registering a public adapter)."""
+    data = parse_json_body(request.body)
+    unknown = sorted(set(data) - fields) if isinstance(data, dict) else []
+    if unknown:
+        raise bad_request(f"Unknown field(s) {', '.join(map(repr, unknown))}; this endpoint takes "
+                          f"{', '.join(sorted(fields))}. A tenant's adapters are added in the admin or with "
+                          "manage.py lora_adapter.", param=unknown[0])
+    return Body(data)
+
+
 def _name(body: Body) -> str:
     name = body.get("lora_name", str, None)
     if not name:
@@ -74,16 +90,16 @@ async def load_lora_adapter(request: HttpRequest, caller: Caller) -> HttpRespons
     """POST /v1/load_lora_adapter ``{"lora_name", "lora_path"}`` (optional ``base_model_name``: which served
     model; needed when several are live). 200 with vLLM's text once registered; 400 naming the field or limit."""
     await _check_allowed(caller)
-    body = Body(parse_json_body(request.body))
+    body = _body(request, LOAD_FIELDS)
     name = _name(body)
     path = body.get("lora_path", str, None)
     if not path or not path.strip():
         raise bad_request("'lora_path' (the adapter's folder, as the workers see it) is required.", param="lora_path")
-    live = await live_models()
-    if name in await all_adapters(live):
+    if await sync_to_async(LoRAAdapter.objects.filter(name=name).exists)():
         raise bad_request(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
-    if name in live:
-        raise bad_request(f"'{name}' is a served model's name; an adapter needs a name of its own.", param="lora_name")
+    clash = await name_clash(name)
+    if clash:
+        raise bad_request(clash, param="lora_name")
     base = (await resolve_served_model(body.get("base_model_name", str, None))).name
     workers = await model_workers(base, stale=0)
     if not workers:
@@ -112,8 +128,11 @@ async def unload_lora_adapter(request: HttpRequest, caller: Caller) -> HttpRespo
     """POST /v1/unload_lora_adapter ``{"lora_name"}``: unregistered, and unloaded by every worker (requests
     already queued with it still run). 404 for an adapter that was not loaded at run time."""
     await _check_allowed(caller)
-    name = _name(Body(parse_json_body(request.body)))
+    name = _name(_body(request, UNLOAD_FIELDS))
     deleted, _ = await sync_to_async(LoRAAdapter.objects.filter(name=name).delete)()
+    if not deleted and name in startup_adapters(await live_models()):
+        raise bad_request(f"The lora adapter '{name}' was loaded at start-up (--lora-modules): restart its workers "
+                          "without it to unload it.", param="lora_name")
     if not deleted:
         raise not_found(f"The lora adapter '{name}' cannot be found.", param="lora_name", code="model_not_found")
     return HttpResponse(f"Success: LoRA adapter '{name}' removed successfully.", content_type="text/plain")

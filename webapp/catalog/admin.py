@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from webapp.serving.commands import LOAD, RELOAD, UNLOAD, ModelCommand
 
+from .lora import registration_problem
 from .models import LoRAAdapter, ServedModel, Worker
 from .workers import command_workers, sync_workers
 
@@ -43,11 +44,35 @@ class ServedModelAdmin(admin.ModelAdmin):
                          .values_list("worker_id", flat=True)) or "-"
 
 
+class LoRAAdapterForm(forms.ModelForm):
+    """Checks, beyond the fields: that no served model or start-up adapter has the name, and that a ready worker
+    of the base model loads the adapter (rank, files, shapes), as ``manage.py lora_adapter add`` does."""
+
+    class Meta:
+        model = LoRAAdapter
+        fields = ("name", "base_model", "path", "tenant")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            problem, _ = registration_problem(data["name"], data["base_model"], data["path"].strip())
+        except RedisError:
+            problem = None  # Redis down: the workers check the adapter when they load it
+        if problem is not None:
+            self.add_error(*problem)
+        return data
+
+
 @admin.register(LoRAAdapter)
 class LoRAAdapterAdmin(admin.ModelAdmin):
     """Adapters registered at run time: saved ones reach every worker of their base model within a heartbeat,
-    deleted ones are unloaded there. The form checks the folder and its config; the rank and the shapes are
-    checked by the workers when they load it (a refused one is logged there, and its requests get the error)."""
+    deleted ones are unloaded there. The form checks the folder, its config and the name; a ready worker of
+    the base model loads the adapter before it is saved (without one, the workers check it when they load it:
+    a refused one is logged there, and its requests get the reason)."""
+
+    form = LoRAAdapterForm
 
     list_display = ("name", "base_model", "tenant", "path", "created")
     list_filter = ("base_model", "tenant")

@@ -70,3 +70,27 @@ async def check_on_ready_worker(name: str, base_model: str, path: str) -> CheckR
         return await check_on_worker(get_channel_layer(), client, workers[0]["control"], name, path)
     finally:
         await client.aclose()
+
+
+def registration_problem(name: str, base_model: str, path: str) -> tuple[tuple[str, str] | None, bool]:
+    """What refuses registering adapter ``name`` (the admin's form, ``manage.py lora_adapter add``): its name
+    taken by a served model or a start-up adapter (:func:`webapp.api.adapters.name_clash`), or a ready worker
+    of ``base_model`` refusing it (rank, files, shapes).
+
+    Returns:
+        ``((field, message) or None, whether a ready worker checked the adapter)``; without one, the
+        workers check it when they load it.
+    Raises:
+        RedisError: Redis is unreachable (nothing live could be checked).
+    """
+    from asgiref.sync import async_to_sync  # noqa: PLC0415
+
+    from webapp.api.adapters import name_clash  # noqa: PLC0415
+
+    clash = async_to_sync(name_clash)(name)
+    if clash:
+        return ("name", clash), False
+    result = async_to_sync(check_on_ready_worker)(name, base_model, path)
+    if result is not None and not result.ok:
+        return (("name" if result.param == "lora_name" else "path"), result.message), True
+    return None, result is not None

@@ -23,7 +23,7 @@ from .sources import validate_adapter_path, validate_source
 DTYPES = [("auto", "auto (float32 on CPU, the checkpoint's on GPU)"), ("float32", "float32"),
           ("bfloat16", "bfloat16"), ("float16", "float16")]
 NAME_MAX_LENGTH = 200  # characters of a served model's or an adapter's name
-NAME_RULE = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+NAME_RULE = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*\Z",  # \Z: no trailing newline, unlike $
                            "Use letters, digits and . _ : / - (starting with a letter or digit).")
 
 

@@ -254,12 +254,13 @@ class EngineLoop(threading.Thread):
             self._slots.release()
             param = getattr(error, "param", None)
             if request.lora_name is not None and param in _ADAPTER_PARAMS:
-                # a registered adapter that no longer loads (its folder moved, its files changed): the
-                # operator's fault, not the client's; the folder stays out of the answer
+                # a registered adapter that does not load (its folder moved, its files changed, a rank above this
+                # worker's limit): the operator's to fix, not the client's; the reason without the folder
                 logger.warning("LoRA adapter %r did not load for request %s: %s", request.lora_name,
                                request.request_id, error)
+                reason = str(error).replace(request.lora_path, "its folder") if request.lora_path else str(error)
                 self._on_rejected(request.request_id, 503, f"The LoRA adapter '{request.lora_name}' could not be "
-                                  "loaded by the worker (its log says why).", None)
+                                  f"loaded by the worker: {reason}", None)
                 return
             self._on_rejected(request.request_id, 400, str(error), param)
             return

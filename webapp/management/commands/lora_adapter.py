@@ -1,19 +1,19 @@
 """``manage.py lora_adapter add NAME PATH --base-model MODEL [--tenant SLUG]``, ``lora_adapter remove NAME``,
 ``lora_adapter list``: register LoRA adapters as the admin does (docs/lora_serving.md).
 
-``add`` checks the folder and its config, then, when a worker of the base model is ready, has it load the
-adapter (rank, files, shapes) and registers it only if that worker accepted it. With ``REDIS_URL`` the
+``add`` checks the folder and its config and that no served model or start-up adapter has the name, then, when
+a worker of the base model is ready, has it load the adapter (rank, files, shapes) and registers it only if that
+worker accepted it. With ``REDIS_URL`` the
 deployment's, every worker of the base model loads it within a heartbeat.
 """
 from __future__ import annotations
 
-from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
 from tenants.models import Tenant
-from webapp.catalog.lora import check_on_ready_worker
+from webapp.catalog.lora import registration_problem
 from webapp.catalog.models import LoRAAdapter
 
 
@@ -56,14 +56,14 @@ class Command(BaseCommand):
             problems = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in error.message_dict.items())
             raise CommandError(f"Cannot add LoRA adapter '{adapter.name}': {problems}") from None
         try:
-            result = async_to_sync(check_on_ready_worker)(adapter.name, adapter.base_model, adapter.path)
+            problem, checked = registration_problem(adapter.name, adapter.base_model, adapter.path)
         except RedisError as error:
-            result = None
-            self.stderr.write(f"Warning: Redis is unreachable ({error}); the workers check the adapter when they "
-                              "load it.")
-        if result is not None and not result.ok:
-            raise CommandError(f"Cannot add LoRA adapter '{adapter.name}': {result.message}")
-        if result is None:
+            problem, checked = None, True
+            self.stderr.write(f"Warning: Redis is unreachable ({error}); served names are not checked, and the "
+                              "workers check the adapter when they load it.")
+        if problem is not None:
+            raise CommandError(f"Cannot add LoRA adapter '{adapter.name}': {problem[1]}")
+        if not checked:
             self.stderr.write(f"No worker of '{adapter.base_model}' is ready: the rank and the shapes are checked "
                               "when one loads it.")
         adapter.save()
