@@ -146,19 +146,28 @@ def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAda
     tensors, digest = _read_weights(request)
     digest.update(json.dumps(config, sort_keys=True).encode())
     shapes = projection_shapes(hf_config)
+    targets = config.get("target_modules")
+    # as PEFT: only the modules the config targets get a LoRA layer; other tensors in the file are not applied
+    targeted = {str(t).rsplit(".", 1)[-1] for t in targets} if isinstance(targets, list) else None
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
+    for key, tensor in sorted(tensors.items()):  # sorted: the first bad tensor named is the same every time
         match = _KEY.search(key)
         if match is None:
             raise _fail(request, f"tensor {key!r} is not a LoRA weight of {', '.join(TARGET_MODULES)}.",
                         param="target_modules")
         layer, module, which = int(match.group(1)), match.group(2), match.group(3)
+        if targeted is not None and module not in targeted:
+            continue
         if layer >= hf_config.num_hidden_layers:
             raise _fail(request, f"tensor {key!r} is for layer {layer}; the model has {hf_config.num_hidden_layers}.")
         in_features, out_features = shapes[module]
         expected = (rank, in_features) if which == "A" else (out_features, rank)
-        if tuple(tensor.shape) != expected:
-            raise _fail(request, f"tensor {key!r} has shape {tuple(tensor.shape)}; the base model needs {expected} "
+        shape = tuple(tensor.shape)
+        if shape != expected:
+            rank_dim = 0 if which == "A" else 1
+            if len(shape) == 2 and shape[1 - rank_dim] == expected[1 - rank_dim]:
+                raise _fail(request, f"tensor {key!r} has rank {shape[rank_dim]}; {CONFIG_FILE} says r={rank}.")
+            raise _fail(request, f"tensor {key!r} has shape {shape}; the base model needs {expected} "
                                  "(an adapter of another model?).")
         parts.setdefault((layer, module), {})[which] = tensor.to(torch.float32)
     weights = {}

@@ -135,12 +135,16 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     weights[key] = torch.zeros(8, 1024)
     save_file(weights, wrong_shape / "adapter_model.safetensors")
     (tmp_path / "a-file").write_text("{}")
+    rank_says_4 = tmp_path / "rank-says-4"
+    shutil.copytree(adapters["folder"] / "a", rank_says_4)
+    (rank_says_4 / "adapter_config.json").write_text(json.dumps({**config, "r": 4}))
     cases = [(bad(tmp_path / "missing"), "lora_path", "no such folder"),
              (bad(tmp_path / "a-file"), "lora_path", "a file, not a folder"),
              (bad(malformed), "lora_path", "not valid JSON"),
              (adapters["requests"]["b"], "max_lora_rank", "r=16 is above max_lora_rank=8"),
              (bad(other_targets), "target_modules", "embed_tokens"),
              (bad(wrong_shape), "lora_path", "the base model needs (8, 576)"),
+             (bad(rank_says_4), "lora_path", "has rank 8; adapter_config.json says r=4"),
              (LoRARequest("a-elsewhere", 1, str(malformed)), "lora_int_id", "remove it first")]
     for request, param, message in cases:
         for call in (lambda: engine.add_lora(request),
@@ -158,6 +162,25 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
         for out in engine.step():
             tokens.extend(out.outputs[0].token_ids)
     assert tokens == adapters["reference"]["a"][0]  # the good request went on
+
+
+def test_tensors_of_modules_the_config_does_not_target_are_not_applied(adapters, tmp_path):
+    """As PEFT: an adapter file holding every projection's tensors, whose config targets only q_proj and v_proj,
+    changes only those two (PEFT makes LoRA layers for the targets alone and ignores the other tensors)."""
+    from inference.lora.checkpoint import load_adapter
+    from inference.model_loader.hf_config import load_hf_config
+    from inference.model_loader.sources import resolve_model
+
+    folder = tmp_path / "q-v-only"
+    shutil.copytree(adapters["folder"] / "a", folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "v_proj"]}))
+    hf_config = load_hf_config(resolve_model("smollm2-135m-instruct").model_dir)
+    every = load_adapter(adapters["requests"]["a"], hf_config, 16)
+    q_v = load_adapter(LoRARequest("q-v", 5, str(folder)), hf_config, 16)
+    assert {module for _, module in every.weights} > {"q_proj", "v_proj"}
+    assert {module for _, module in q_v.weights} == {"q_proj", "v_proj"}
+    assert all(torch.equal(q_v.weights[k][0], every.weights[k][0]) for k in q_v.weights)
 
 
 @pytest.mark.timeout(900)
