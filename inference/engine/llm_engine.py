@@ -106,6 +106,11 @@ class LLMEngine:
             self.lora_registry = LoRARegistry(config.lora, config.hf_config)
             for module in config.lora.modules:
                 self.lora_registry.add(module)
+            if len(config.lora.modules) > config.lora.max_cpu_loras:
+                logger.warning("%d start-up LoRA adapters and max_cpu_loras=%d: all were checked, %d stay loaded; "
+                               "the others are read from disk again when a request names them (raise "
+                               "--max-cpu-loras to keep them all)", len(config.lora.modules),
+                               config.lora.max_cpu_loras, config.lora.max_cpu_loras)
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.runner = make_runner(config, num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache.block_size,
