@@ -12,10 +12,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ..config import EngineConfig
-from ..sched.decode_windows import STEP_TIME_SMOOTHING, adaptive_window
+from ..sched.decode_windows import DecodeStepClock, adaptive_window
 from ..sched.fair_share import FairShare
 from ..sched.scheduler import Scheduler
 from ..sched.scheduler_output import SchedulerOutput, SchedulerUpdate
@@ -34,42 +33,10 @@ from ..validation import validate_priority, validate_prompt, validate_text
 from .arg_utils import EngineArgs
 from .iteration_stats import IterationTokens
 from .output_processor import OutputProcessor
+from .stats import EngineStats
 
 logger = logging.getLogger(__name__)
 GRAMMAR_WAIT = 0.005  # seconds step() waits for a compiling grammar when nothing else runs
-
-
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's load (counts of requests, blocks and tokens)."""
-
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_total_blocks: int
-    kv_cache_usage: float
-    num_preemptions_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_live_tokens: int = 0  # tokens whose K/V are cached, over running requests
-    num_allocated_slots: int = 0  # blocks held by running requests x block_size
-    prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache by admitted requests
-    prefix_cache_hits_total: int = 0  # of those, tokens found cached (not computed)
-    prompt_tokens_computed_total: int = 0  # prompt positions whose K/V were computed (recomputes included)
-    num_swapped: int = 0  # requests whose KV is in the CPU swap space now
-    num_swapped_out_total: int = 0  # preemptions that swapped out (the others recomputed)
-    num_cpu_blocks: int = 0  # blocks of the CPU swap space
-    num_free_cpu_blocks: int = 0
-    cpu_kv_cache_usage: float = 0.0  # fraction of the CPU swap space in use
-    # steps by tokens (generated + prompts whose prefill finished; non-cumulative counts over
-    # ITERATION_TOKEN_BUCKETS, then +Inf) and their sum
-    iteration_tokens_counts: tuple[int, ...] = ()
-    iteration_tokens_sum: int = 0
-    # vLLM's vllm:lora_requests_info: the adapters (names, sorted) of running and of waiting requests, and
-    # max_loras (0 when LoRA is off)
-    lora_running_adapters: tuple[str, ...] = ()
-    lora_waiting_adapters: tuple[str, ...] = ()
-    max_lora: int = 0
 
 
 def make_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
@@ -129,9 +96,7 @@ class LLMEngine:
         self.device_wait_seconds = 0.0  # host time spent waiting for launched steps (s); ~0 means host-bound
         self.num_steps_ahead = 0  # steps launched before the previous step's tokens were back
         self.num_multi_step_windows = 0  # steps that ran several decode steps (num_scheduler_steps > 1)
-        self.window_steps = collections.Counter()  # decode-only launches by their number of steps
-        self.decode_step_seconds: float | None = None  # moving average of one decode step's time
-        self._last_decode_finish: float | None = None  # when the last decode-only step's tokens came back
+        self.decode_clock = DecodeStepClock()  # decode-only launches by length, and one decode step's time
         self._counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -416,23 +381,21 @@ class LLMEngine:
             self.iteration_tokens.observe(update.num_prompt_tokens + generated)
         return update
 
+    @property
+    def window_steps(self) -> collections.Counter:
+        """Decode-only launches by their number of steps."""
+        return self.decode_clock.window_steps
+
+    @property
+    def decode_step_seconds(self) -> float | None:
+        """Moving average of one decode step's time (s); None before two decode-only launches came back."""
+        return self.decode_clock.step_seconds
+
     def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float) -> None:
-        """Time decode-only steps (seconds per step, between the returns of consecutive decode-only
-        launches) and, with adaptive windows, size the next windows from it."""
-        if not sched_out.is_decode_only:
-            self._last_decode_finish = None
-            return
-        self.window_steps[sched_out.num_steps] += 1
-        last, self._last_decode_finish = self._last_decode_finish, finished
-        if last is None:
-            return
-        seconds = (finished - last) / sched_out.num_steps
-        average = self.decode_step_seconds
-        self.decode_step_seconds = seconds if average is None else (
-            average + STEP_TIME_SMOOTHING * (seconds - average))
-        if self.config.scheduler.adaptive_windows:
-            self.scheduler.window_limit = adaptive_window(self.decode_step_seconds,
-                                                          self.config.scheduler.num_scheduler_steps)
+        """Time decode-only steps and, with adaptive windows, size the next windows from it."""
+        seconds = self.decode_clock.observe(sched_out, finished)
+        if seconds is not None and self.config.scheduler.adaptive_windows:
+            self.scheduler.window_limit = adaptive_window(seconds, self.config.scheduler.num_scheduler_steps)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager

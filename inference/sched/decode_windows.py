@@ -25,6 +25,8 @@ With async scheduling the next window is scheduled and launched while one is in 
 """
 from __future__ import annotations
 
+import collections
+
 from ..kv_cache import KVCacheManager
 from ..request import Request
 from .scheduler_output import SchedulerOutput
@@ -125,3 +127,33 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
         rows.append(row)
         row += 1
     return rows or None
+
+
+class DecodeStepClock:
+    """Times decode-only launches: seconds per decode step between the returns of consecutive decode-only
+    launches (a step with a prefill in between restarts the clock), as a moving average.
+
+    Attributes:
+        window_steps: decode-only launches by their number of steps.
+        step_seconds: the moving average (:data:`STEP_TIME_SMOOTHING`), None until measured.
+    """
+
+    def __init__(self) -> None:
+        self.window_steps: collections.Counter[int] = collections.Counter()
+        self.step_seconds: float | None = None
+        self._last_finish: float | None = None  # when the last decode-only launch's tokens came back
+
+    def observe(self, out: SchedulerOutput, finished: float) -> float | None:
+        """Record launch ``out`` whose tokens came back at ``finished`` (``time.perf_counter()`` s); returns the
+        new average when this launch updated it, else None."""
+        if not out.is_decode_only:
+            self._last_finish = None
+            return None
+        self.window_steps[out.num_steps] += 1
+        last, self._last_finish = self._last_finish, finished
+        if last is None:
+            return None
+        seconds = (finished - last) / out.num_steps
+        average = self.step_seconds
+        self.step_seconds = seconds if average is None else average + STEP_TIME_SMOOTHING * (seconds - average)
+        return self.step_seconds
