@@ -103,11 +103,9 @@ class KVCacheManager:
         """The cached blocks a waiting request can start from (nothing is held until
         :meth:`allocate_slots`). No hit when caching is off, when the request already has
         computed tokens, or when it asks for prompt logprobs (those need every position's logits)."""
-        if (not self.enable_prefix_caching or request.num_computed_tokens
-                or request.sampling_params.prompt_logprobs is not None):
+        max_blocks = self.hash_prompt(request)
+        if not max_blocks:
             return NO_HIT
-        max_blocks = (request.num_tokens - 1) // self.block_size  # the last token is always computed
-        self._hash_blocks(request, max_blocks)
         hits: list[int] = []
         for block_hash in request.block_hashes[:max_blocks]:
             block_id = self.pool.cached_block(block_hash)
@@ -135,11 +133,16 @@ class KVCacheManager:
             self.pool.cache_block(request.block_ids[index], request.block_hashes[index])
         self._num_cached_blocks[request.request_id] = num_full
 
-    def hash_prompt(self, request: Request) -> None:
-        """Compute the block hashes :meth:`get_computed_blocks` will look up for a waiting request (ahead of
-        its admission, while the device runs a step); nothing when caching is off or it has computed tokens."""
-        if self.enable_prefix_caching and not request.num_computed_tokens:
-            self._hash_blocks(request, (request.num_tokens - 1) // self.block_size)
+    def hash_prompt(self, request: Request) -> int:
+        """Compute the block hashes :meth:`get_computed_blocks` looks up for a waiting request (also ahead of its
+        admission, while the device runs a step); returns how many blocks may hit: 0 when caching is off, the
+        request has computed tokens or asks for prompt logprobs; the last token is always computed."""
+        if (not self.enable_prefix_caching or request.num_computed_tokens
+                or request.sampling_params.prompt_logprobs is not None):
+            return 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        self._hash_blocks(request, max_blocks)
+        return max_blocks
 
     def _hash_blocks(self, request: Request, num_blocks: int) -> None:
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, num_blocks,

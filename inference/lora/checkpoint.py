@@ -78,6 +78,13 @@ def _fail(request: LoRARequest, message: str, param: str = "lora_path") -> Inval
                                param=param)
 
 
+def targeted_modules(config: dict) -> set[str] | None:
+    """The projection names a list ``target_modules`` names (``"model.layers.0.q_proj"`` counts as ``q_proj``);
+    None for a string (a regular expression, ``all-linear``), which is not matched."""
+    targets = config.get("target_modules")
+    return {str(t).rsplit(".", 1)[-1] for t in targets} if isinstance(targets, list) else None
+
+
 def read_adapter_config(request: LoRARequest) -> dict:
     """The adapter's ``adapter_config.json``, checked for what the engine supports.
 
@@ -119,9 +126,9 @@ def read_adapter_config(request: LoRARequest) -> dict:
     if unsupported:
         raise _fail(request, f"{', '.join(unsupported)} is not supported (plain LoRA on "
                              f"{', '.join(TARGET_MODULES)} only).")
-    targets = config.get("target_modules")
-    if isinstance(targets, list):
-        outside = sorted({str(t).rsplit(".", 1)[-1] for t in targets} - set(TARGET_MODULES))
+    targets = targeted_modules(config)
+    if targets is not None:
+        outside = sorted(targets - set(TARGET_MODULES))
         if outside:
             raise _fail(request, f"target_modules {outside} cannot be served; supported: "
                                  f"{', '.join(TARGET_MODULES)}.", param="target_modules")
@@ -146,9 +153,7 @@ def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAda
     tensors, digest = _read_weights(request)
     digest.update(json.dumps(config, sort_keys=True).encode())
     shapes = projection_shapes(hf_config)
-    targets = config.get("target_modules")
-    # as PEFT: only the modules the config targets get a LoRA layer; other tensors in the file are not applied
-    targeted = {str(t).rsplit(".", 1)[-1] for t in targets} if isinstance(targets, list) else None
+    targeted = targeted_modules(config)  # as PEFT: only those get a LoRA layer; other tensors are not applied
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in sorted(tensors.items()):  # sorted: the first bad tensor named is the same every time
         match = _KEY.search(key)
