@@ -8,9 +8,15 @@ slot. Its weights are stacked over the ``max_loras`` slots, each padded to ``max
 * ``lora_b`` ``[S, out_local, r_max]``: each output row reads its own projection's ``r_max`` columns of
   the shrink.
 
+A dense base layer keeps its weight in the first rows of ``stacked_weight [N + S * n_slices * r_max, in_local]``
+and ``lora_a`` in the rows below: a small batch (a decode step) runs one GEMM for the base output and every slot's
+shrink, then one expand that adds each row's own slot (:func:`.triton_lora.lora_expand_all_slots`); a large batch
+runs the base layer and the segmented kernels, which read only each row's own slot.
+
 Tensor parallelism (Megatron's split, as the base layers): a column-parallel layer keeps its output
 rows of ``B`` and all of ``A``; a row-parallel layer keeps its input columns of ``A`` and all of ``B``,
-and all-reduces the shrink's ``[T, R]`` partial sums before the expand (one small all-reduce).
+and all-reduces the shrink's ``[T, R]`` partial sums before the expand (one small all-reduce; in the one-GEMM
+path the all-reduce of the base output carries them).
 """
 from __future__ import annotations
 
@@ -36,6 +42,8 @@ class LoRABatch:
         slot_starts: ``[max_loras + 1]`` int32, slot ``s``'s rows are ``sorted_rows[slot_starts[s]:slot_starts[s + 1]]``.
         tiles: ``[max_tiles(max_tokens, max_loras), 3]`` int32, the segments' row tiles the Triton kernels take
             (:func:`.tiles.segment_tiles`; on the CPU unused).
+        row_slots: ``[max_tokens]`` int32, each row's slot in row order (-1: none), for the small-batch expand
+            (:func:`.triton_lora.lora_expand_all_slots`).
         num_lora_rows: host count of those rows (0: the PyTorch path skips LoRA in the step).
         static: run the kernels even in a step without adapters (set while CUDA graphs are used: a graph
             must see the same launches in every step).
@@ -48,6 +56,8 @@ class LoRABatch:
         self.slot_starts = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
         self.num_tiles = max_tiles(max_tokens, max_loras)
         self.tiles = torch.zeros(self.num_tiles, 3, dtype=torch.int32, device=device)
+        self.row_slots = torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
+        self._row_slots_written = 0  # rows of row_slots that may hold a slot (the rest are -1)
         self.num_lora_rows = 0
         self.static = False
 
@@ -62,12 +72,17 @@ class LoRABatch:
         self.num_lora_rows = int(rows.size)
         if not rows.size and not self.static:
             return
-        arrays = [rows, starts]
+        # row_slots: this step's rows, and -1 over the rows an earlier step wrote beyond them
+        row_slots = np.full(max(token_slots.size, self._row_slots_written), -1, dtype=np.int32)
+        row_slots[:token_slots.size] = token_slots
+        self._row_slots_written = token_slots.size
+        arrays = [rows, starts, row_slots]
         if torch.device(self.device).type == "cuda":
             arrays.append(segment_tiles(starts, self.num_tiles))
-        sorted_rows, slot_starts, *tiles = to_device(arrays, self.device)
+        sorted_rows, slot_starts, row_slots_d, *tiles = to_device(arrays, self.device)
         self.sorted_rows[:rows.size].copy_(sorted_rows)
         self.slot_starts.copy_(slot_starts)
+        self.row_slots[:row_slots.size].copy_(row_slots_d)
         if tiles:
             self.tiles.copy_(tiles[0])
 
@@ -106,10 +121,26 @@ def _slices(base: nn.Module, name: str) -> tuple[tuple[LoRASlice, ...], tuple[in
     return tuple(slices), part.in_range, part.reduce, part.tp
 
 
-# Rows times slots up to which a GPU step's shrink is one dense matmul of every row against every slot
-# (:func:`.triton_lora.lora_shrink_all_slots`): decode batches up to 512 rows over 8 slots. Above it, the
-# segmented shrink, which reads each row against its own slot only.
+# Rows times slots up to which a GPU step computes every row's shrink against every slot (in the base GEMM, or
+# :func:`.triton_lora.lora_shrink_all_slots` under a quantized layer): decode batches up to 512 rows over 8
+# slots. Above it, the segmented shrink, which reads each row against its own slot only.
 ALL_SLOTS_MAX_ROWS = 4096
+
+
+def _stack_below_weight(base: nn.Module, rows: int, in_local: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """For a dense layer (``weight [N, K]`` of the model dtype): ``[N + rows, K]`` holding the weight, then zeros, with
+    the layer's weight replaced by a view of its first ``N`` rows (the old tensor is freed). The rows below hold
+    every slot's ``A``, so that one GEMM computes the base output and the shrink of every slot. None for layers
+    that keep their own weight format (quantized)."""
+    weight = getattr(base, "weight", None)
+    if not (isinstance(base, nn.Linear) and isinstance(weight, torch.Tensor) and weight.dtype == dtype
+            and weight.dim() == 2 and weight.shape[1] == in_local and weight.is_contiguous()):
+        return None
+    stacked = torch.zeros(weight.shape[0] + rows, in_local, dtype=dtype, device=weight.device)
+    with torch.no_grad():
+        stacked[:weight.shape[0]].copy_(weight)
+    base.weight = nn.Parameter(stacked[:weight.shape[0]], requires_grad=weight.requires_grad)
+    return stacked
 
 
 class LoRALinear(nn.Module):
@@ -132,7 +163,11 @@ class LoRALinear(nn.Module):
         self.r_max = r_max
         in_local = self.in_range[1] - self.in_range[0]
         out_local = self.slices[-1].out_end
-        self.lora_a = torch.zeros(max_loras, len(self.slices) * r_max, in_local, dtype=dtype, device=device)
+        self.stacked_weight = _stack_below_weight(base, max_loras * len(self.slices) * r_max, in_local, dtype)
+        if self.stacked_weight is not None:
+            self.lora_a = self.stacked_weight[base.weight.shape[0]:].view(max_loras, len(self.slices) * r_max, in_local)
+        else:
+            self.lora_a = torch.zeros(max_loras, len(self.slices) * r_max, in_local, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, out_local, r_max, dtype=dtype, device=device)
         starts = [s.out_start for s in self.slices] + [out_local]
         self.slice_starts = tuple(starts)
@@ -167,16 +202,26 @@ class LoRALinear(nn.Module):
         self.lora_b[slot].copy_(b.to(self.lora_b.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base(x)
         batch = self.batch
         if not batch.active:
-            return out
+            return self.base(x)
         flat = x.reshape(-1, x.shape[-1])
+        small = flat.shape[0] * self.lora_a.shape[0] <= ALL_SLOTS_MAX_ROWS
+        if small and self.stacked_weight is not None and use_triton_layers(x):
+            from .triton_lora import lora_expand_all_slots  # noqa: PLC0415
+            # one GEMM gives the base output and every slot's shrink; the expand adds each row's own slot
+            y = flat @ self.stacked_weight.t()
+            if self.reduce and self.tp.world_size > 1:
+                y = self.tp.all_reduce(y)
+            out = lora_expand_all_slots(y, self.lora_b, self.base.bias, batch.row_slots, self.slice_starts_t,
+                                        self.max_slice_width)
+            return out.view(*x.shape[:-1], out.shape[-1])
+        out = self.base(x)
         out2 = out.view(-1, out.shape[-1])
         if use_triton_layers(x):
             from .triton_lora import lora_expand_, lora_shrink, lora_shrink_all_slots  # noqa: PLC0415
             slot_stride = 0
-            if flat.shape[0] * self.lora_a.shape[0] <= ALL_SLOTS_MAX_ROWS:
+            if small:
                 s = lora_shrink_all_slots(flat, self.lora_a)
                 slot_stride = self.lora_a.shape[1]
             else:

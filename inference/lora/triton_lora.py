@@ -96,6 +96,48 @@ def _lora_expand_kernel(
         tl.store(out_ptrs, (out.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _lora_expand_all_slots_kernel(
+    y_ptr,             # [T, N + S * num_slices * r_max] model dtype, row stride stride_ym, unit column stride: the
+                       # base outputs, then every slot's shrink at columns N + (slot * num_slices + slice) * r_max + j
+    b_ptr,             # [S, N, r_max] model dtype, strides (stride_bs, stride_bn, 1)
+    bias_ptr,          # [N] model dtype (read only with HAS_BIAS)
+    row_slots_ptr,     # [>= T] int32 slot of each row, -1: no adapter
+    out_ptr,           # [T, N] model dtype, row stride stride_om, unit column stride
+    slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
+    T, N, r_max, num_slots, num_slices, stride_ym, stride_bs, stride_bn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # Program (row tile, column tile, slice): rows in their own order, each reading only its own slot's shrink
+    # columns (the others are masked to zero), against the stacked B of every slot.
+    pid_m, pid_n, piece = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n0 = tl.load(slice_starts_ptr + piece)
+    n1 = tl.load(slice_starts_ptr + piece + 1)
+    first_n = n0 + pid_n * BLOCK_N
+    if first_n < n1:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < T
+        slot = tl.load(row_slots_ptr + offs_m, mask=mask_m, other=-1)
+        offs_n = first_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n1
+        offs_c = tl.arange(0, BLOCK_C)  # column c of the stacked B: slot c // r_max, rank c % r_max
+        c_slot = offs_c // r_max
+        c_j = offs_c % r_max
+        mask_c = offs_c < num_slots * r_max
+        rows = offs_m.to(tl.int64)[:, None] * stride_ym
+        s = tl.load(y_ptr + rows + (N + (c_slot * num_slices + piece) * r_max + c_j)[None, :],
+                    mask=mask_m[:, None] & mask_c[None, :] & (c_slot[None, :] == slot[:, None]), other=0.0)
+        b = tl.load(b_ptr + c_slot[:, None] * stride_bs + offs_n[None, :] * stride_bn + c_j[:, None],
+                    mask=mask_c[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_C, BLOCK_N]
+        acc = tl.dot(s.to(b.dtype), b)
+        mask = mask_m[:, None] & mask_n[None, :]
+        acc += tl.load(y_ptr + rows + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _block_r(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
@@ -165,3 +207,30 @@ def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_row
     _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0), slot_stride,
                               b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                               BLOCK_R=_block_r(r_max))
+
+
+def lora_expand_all_slots(y: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, row_slots: torch.Tensor,
+                          slice_starts: torch.Tensor, max_slice_width: int) -> torch.Tensor:
+    """``[T, N]`` new tensor: ``y[:, :N] + B[slot(t)] s[t] (+ bias)``, ``s[t]`` row ``t``'s own slot's shrink out of
+    the every-slot shrink that ``y`` carries after its ``N`` base columns (a GEMM against the base weight with
+    every slot's ``A`` stacked below it computes both, see :class:`.layers.LoRALinear`). Rows of slot -1 get the
+    base output (and bias) alone. For small batches: each program reads the ``B`` of every slot, which a decode
+    step reads anyway when its rows use every slot.
+
+    Args:
+        y: ``[T, N + S * num_slices * r_max]``, unit column stride, columns ``N + (slot * num_slices + k) * r_max + j``
+            the shrink of slice ``k``; b: ``[S, N, r_max]`` contiguous; bias: ``[N]`` or None;
+        row_slots: ``[>= T]`` int32 on the device; slice_starts: ``[num_slices + 1]`` int32 on the device;
+        max_slice_width: the widest slice's columns (host int, sizes the grid).
+    """
+    num_tokens = y.shape[0]
+    num_slots, n, r_max = b.shape
+    num_slices = slice_starts.shape[0] - 1
+    out = torch.empty((num_tokens, n), dtype=y.dtype, device=y.device)
+    block_m = min(32, max(16, triton.next_power_of_2(num_tokens)))
+    grid = (triton.cdiv(num_tokens, block_m), triton.cdiv(max_slice_width, BLOCK_N), num_slices)
+    _lora_expand_all_slots_kernel[grid](
+        y, b, y if bias is None else bias, row_slots, out, slice_starts, num_tokens, n, r_max, num_slots,
+        num_slices, y.stride(0), b.stride(0), b.stride(1), out.stride(0), HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_C=_block_r(num_slots * r_max))
+    return out

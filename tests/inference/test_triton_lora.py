@@ -15,7 +15,8 @@ triton = pytest.importorskip("triton")
 
 from inference.lora.torch_ref import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from inference.lora.tiles import max_tiles, segment_tiles  # noqa: E402
-from inference.lora.triton_lora import lora_expand_, lora_shrink, lora_shrink_all_slots  # noqa: E402
+from inference.lora.triton_lora import (lora_expand_, lora_expand_all_slots, lora_shrink,  # noqa: E402
+                                        lora_shrink_all_slots)
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -75,6 +76,19 @@ def test_shrink_and_expand_equal_the_reference(num_tokens, token_pattern, r_max,
     assert torch.equal(every[~used], base[~used])
     if any(slot >= 0 for slot in token_slots):
         assert not torch.equal(out[used], base[used])
+
+    # the one-GEMM path of a dense layer: its weight with every slot's A stacked below, then the expand that
+    # adds each row's own slot to the base columns (and the bias)
+    weight = (torch.randn(n, k, generator=g, device=DEVICE) * 0.1).to(dtype)
+    bias = torch.randn(n, generator=g, device=DEVICE).to(dtype)
+    y = x @ torch.cat([weight, a.reshape(-1, k)]).t()
+    row_slots = torch.tensor(token_slots, dtype=torch.int32, device=DEVICE)
+    fused = lora_expand_all_slots(y, b, bias, row_slots, torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+                                  max(slices))
+    expected = (x.float() @ weight.float().t() + bias.float()).to(dtype)
+    lora_expand_ref(expected, lora_shrink_ref(x, a, sorted_rows, slot_starts), b, sorted_rows, slot_starts,
+                    tuple(starts), r_max)
+    torch.testing.assert_close(fused.float(), expected.float(), **tol)
 
 
 def test_segment_tiles_cover_every_row_once_within_its_slot():
