@@ -33,6 +33,7 @@ REDUCE_HEADS = (1, 2, 4, 8, 16)
 
 # (splits, keys per iteration, warps, stages): the full grid, and the neighbourhood of the defaults
 GRIDS = {"full": ((1, 2, 4, 8, 16), (32, 64, 128), (2, 4), (2, 3)),
+         "long": ((4, 8, 16), (64, 128), (4, 8), (2, 3, 4)),
          "quick": ((2, 4, 8), (64, 128), (4,), (2, 3))}
 
 
@@ -92,14 +93,18 @@ def bench_layouts(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_se
     return rows
 
 
-def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, grid: str) -> dict:
+def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_len: int, grid: str,
+                kv_cache_dtype: str = "auto") -> dict:
     import triton
 
+    from inference.attention.kv_quant import FP8_DTYPE
     from inference.attention.triton_decode import choose_num_splits, decode_launch, paged_decode_attention
     q, cache, table, seq_lens = paged_inputs(batch, lo, hi, hq, hk, d, max_seq_len)
+    if kv_cache_dtype == "fp8":
+        cache = cache.to(FP8_DTYPE)
     lens = seq_lens.cpu()
     scale = d ** -0.5
-    nbytes = 2 * int(lens.sum()) * hk * d * 2
+    nbytes = 2 * int(lens.sum()) * hk * d * cache.element_size()
     default_splits = choose_num_splits(batch, hk, max_seq_len, q.device)
     ref = paged_decode_attention(q, cache, table, seq_lens, scale, max_seq_len=max_seq_len)
     rows = []
@@ -120,13 +125,14 @@ def bench_batch(batch: int, lo: int, hi: int, hq: int, hk: int, d: int, max_seq_
                          ok=err < 3e-2))
     timed = sorted((r for r in rows if r.get("ok")), key=lambda r: r["us"])
     default = next(r for r in rows if r["splits"] == default_splits and all(
-        r[k] == v for k, v in decode_launch(d).items()))
-    print(f"batch {batch}: default (splits {default_splits}, {decode_launch(d)}) {default['us']:.1f} us "
+        r[k] == v for k, v in decode_launch(d, cache.element_size()).items()))
+    print(f"batch {batch} {kv_cache_dtype}: default (splits {default_splits}, {decode_launch(d, cache.element_size())}) "
+          f"{default['us']:.1f} us "
           f"{default['GBps']:.0f} GB/s", flush=True)
     for r in timed[:8]:
         print(f"   splits {r['splits']:2d} block_n {r['block_n']:3d} warps {r['num_warps']} stages "
               f"{r['num_stages']}: {r['us']:.1f} us {r['GBps']:.0f} GB/s", flush=True)
-    return dict(batch=batch, context_tokens=int(lens.sum()), kv_bytes=nbytes, default_splits=default_splits,
+    return dict(batch=batch, kv_cache_dtype=kv_cache_dtype, context_tokens=int(lens.sum()), kv_bytes=nbytes, default_splits=default_splits,
                 default=default, best=timed[:8], all=rows)
 
 
@@ -141,6 +147,8 @@ def main() -> None:
     parser.add_argument("--block-sizes", nargs="+", type=int, default=[BLOCK], help="cache block sizes to time")
     parser.add_argument("--layouts", nargs="+", choices=["token", "head"], default=["token"],
                         help="token: blocks [block, Hk, D] (the engine's); head: [Hk, block, D]")
+    parser.add_argument("--kv-cache-dtype", nargs="+", choices=["auto", "fp8"], default=["auto"],
+                        help="the cache's dtypes to sweep (auto: bf16; fp8: e4m3, scales 1)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -155,8 +163,8 @@ def main() -> None:
     started = time.time()
     result = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "model": args.model, "hq": hq, "hk": hk, "head_dim": d,
-              "batches": [bench_batch(b, *args.context_range, hq, hk, d, args.max_seq_len, args.grid)
-                          for b in args.batch_sizes] if args.grid != "none" else [],
+              "batches": [bench_batch(b, *args.context_range, hq, hk, d, args.max_seq_len, args.grid, dtype)
+                          for dtype in args.kv_cache_dtype for b in args.batch_sizes] if args.grid != "none" else [],
               "layouts": {str(b): bench_layouts(b, *args.context_range, hq, hk, d, args.max_seq_len, args.block_sizes,
                                                 args.layouts) for b in args.batch_sizes} if layouts else {}}
     result["seconds"] = time.time() - started

@@ -17,7 +17,8 @@ Per late request (times in ms from its arrival):
   it to the engine (0: it arrived between two calls); ``after_boundary_ms`` = TTFT - boundary;
 * ``window_at_arrival``: decode steps of the launch that the call running at arrival waited for
   (on a GPU, most of that call's time; 0: a step with a prefill, None: it arrived between calls);
-  ``windows_to_first_token``: the same for each call from its hand-over to its first token;
+  ``windows_to_first_token``: the same for each call from its hand-over to its first token, and
+  ``calls_to_first_token_ms`` those calls' wall times;
 * ``flood_unfinished``: flood requests not finished at its hand-over; ``decode_step_ms``: the
   engine's decode-step average then, from which it sizes its windows.
 
@@ -141,6 +142,8 @@ def report(late: list[LateRequest], calls: list[StepCall]) -> dict:
                      "queue_ms": 1e3 * (r.metrics["first_scheduled"] - r.arrival),
                      "window_at_arrival": calls[during].window if running else None,
                      "windows_to_first_token": [c.window for c in calls[r.handed_over_call:r.first_output_call + 1]],
+                     "calls_to_first_token_ms": [round(1e3 * (c.end - c.start), 2)
+                                                 for c in calls[r.handed_over_call:r.first_output_call + 1]],
                      "flood_unfinished": r.flood_unfinished,
                      "decode_step_ms": 1e3 * r.decode_step_s if r.decode_step_s else None})
     summary = {f"{key}_{name}": value for key in ("ttft_ms", "boundary_ms", "after_boundary_ms")

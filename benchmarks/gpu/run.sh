@@ -37,6 +37,8 @@
 #                    timed against bf16 on the Qwen2.5-7B linear shapes at 1-2,048 rows, with a few decode-kernel
 #                    configs (w4a16_sweep.py; about 3-4 minutes on a fresh machine)
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
+#   w3-decode-sweep  the decode attention kernel's launch grid (splits, keys per iteration, warps, stages) at W3's
+#                    point (50 requests of 1,500-2,500 tokens), bf16 and FP8 caches (decode_sweep.py)
 #   w3-profile       W3's kernel table over 16 decode steps with the KV cache in bf16 (auto), then FP8: where FP8's
 #                    saving goes
 #   w2-profile       W2's kernel table over 16 windows of 8 steps, with the device's busy fraction
@@ -191,6 +193,9 @@ for step in "$@"; do
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"
     run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
+  w3-decode-sweep) run_step w3-decode-sweep 300 $PY benchmarks/decode_sweep.py --model .gpucache/qwen2.5-7b \
+      --batch-sizes 50 --context-range 1500 2500 --max-seq-len 3072 --grid long --kv-cache-dtype auto fp8 \
+      --output-json "$(name w3-decode-sweep)" ;;
   w3-profile)
     run_step w3-profile 250 $TP $W3 --profile-steps 16 --output-json "$(name w3-kernel-profile)"
     run_step w3-fp8-profile 250 $TP $W3 --kv-cache-dtype fp8 --profile-steps 16 \
