@@ -49,12 +49,14 @@ from pathlib import Path
 import torch
 
 from step_profile import TritonCompileWatch
-from throughput import add_workload_args, make_llm, make_workload, warm_up, write_result
+from throughput import (add_window_target_arg, add_workload_args, apply_window_target, make_llm, make_workload,
+                        warm_up, write_result)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import SamplingParams  # noqa: E402
 from inference.sampling_params import RequestOutputKind  # noqa: E402
+from inference.sched import decode_windows  # noqa: E402
 
 
 @dataclass
@@ -207,7 +209,9 @@ def main() -> None:
                         help="fixed decode windows (default: the engine sizes them itself on a GPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)
+    add_window_target_arg(parser)
     args = parser.parse_args()
+    apply_window_target(args)
     if args.max_num_seqs is None:
         args.max_num_seqs = args.num_prompts + args.num_late
 
@@ -235,6 +239,7 @@ def main() -> None:
               "max_num_seqs": args.max_num_seqs, "num_scheduler_steps": args.num_scheduler_steps or "auto",
               "adaptive_windows": engine.config.scheduler.adaptive_windows,
               "max_window": engine.config.scheduler.num_scheduler_steps,
+              "window_target_ms": 1e3 * decode_windows.WINDOW_TARGET_S,
               "async_scheduling": engine.config.scheduler.async_scheduling,
               "device": engine.config.device, "dtype": str(engine.config.dtype),
               "during_flood": during, "idle": idle,

@@ -296,9 +296,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
 
 
+def add_window_target_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window-target-ms", type=float, default=None,
+                        help="override the longest time an engine-sized decode window lasts "
+                             "(decode_windows.WINDOW_TARGET_S; a benchmark knob)")
+
+
+def apply_window_target(args) -> None:
+    if args.window_target_ms is not None:
+        from inference.sched import decode_windows
+        decode_windows.WINDOW_TARGET_S = args.window_target_ms / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(parser)
+    add_window_target_arg(parser)
     add_engine_args(parser)
     parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[None], metavar="N",
                         help="decode steps per host iteration (multi-step scheduling; default: the engine "
@@ -332,6 +345,7 @@ def main() -> None:
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
+    apply_window_target(args)
 
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size
