@@ -30,8 +30,8 @@
 #   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
 #                    then into the idle engine: their TTFT, the decode windows, the wait for the step boundary
 #                    (late_requests.py)
-#   window-target    engine-sized decode windows of at most WT ms (default 8) against the default 25: the late requests,
-#                    then W2 with each, alternating (throughput.py / late_requests.py --window-target-ms)
+#   window-target    engine-sized decode windows of at most WT ms (default 12) against the default 25: the late requests,
+#                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
@@ -181,12 +181,12 @@ for step in "$@"; do
       --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;
   late-requests) run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
-  window-target)  # shorter engine-sized windows (WT ms, default 8): the late requests, then W2 against the default, alternating
-    WT=${WT:-8}
+  window-target)
+    WT=${WT:-12}
     run_step late-requests-wt$WT 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --window-target-ms $WT \
       --output-json "$(name late-requests-window-${WT}ms)"
-    for r in a b; do
+    for r in ${WT_ROUNDS:-a b}; do
       run_step w2-$r 200 $TP $W2 --output-json "$(name w2-window-25ms "" _$r)"
       run_step w2-wt$WT-$r 200 $TP $W2 --window-target-ms $WT --output-json "$(name w2-window-${WT}ms "" _$r)"
     done ;;
