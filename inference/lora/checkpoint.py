@@ -142,7 +142,8 @@ def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAda
         InvalidRequestError: see :func:`read_adapter_config`; a rank above ``max_lora_rank``
             (``param="max_lora_rank"``); a missing or unreadable weights file, a tensor that is not
             a LoRA tensor of a supported projection, a layer the model does not have, a shape that
-            does not fit the model, a projection with ``lora_A`` but no ``lora_B`` (``"lora_path"``).
+            does not fit the model, NaN or infinite values, a projection with ``lora_A`` but no ``lora_B``
+            (``"lora_path"``).
     """
     config = read_adapter_config(request)
     rank = config["r"]
@@ -174,7 +175,10 @@ def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAda
                 raise _fail(request, f"tensor {key!r} has rank {shape[rank_dim]}; {CONFIG_FILE} says r={rank}.")
             raise _fail(request, f"tensor {key!r} has shape {shape}; the base model needs {expected} "
                                  "(an adapter of another model?).")
-        parts.setdefault((layer, module), {})[which] = tensor.to(torch.float32)
+        values = tensor.to(torch.float32)
+        if not torch.isfinite(values).all():
+            raise _fail(request, f"tensor {key!r} holds NaN or infinite values.")
+        parts.setdefault((layer, module), {})[which] = values
     weights = {}
     for (layer, module), pair in sorted(parts.items()):
         if set(pair) != {"A", "B"}:

@@ -134,6 +134,12 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     key = next(k for k in weights if "q_proj.lora_A" in k)
     weights[key] = torch.zeros(8, 1024)
     save_file(weights, wrong_shape / "adapter_model.safetensors")
+    not_finite = tmp_path / "nan"
+    shutil.copytree(adapters["folder"] / "a", not_finite)
+    weights = load_file(not_finite / "adapter_model.safetensors")
+    key_b = next(k for k in sorted(weights) if "lora_B" in k)
+    weights[key_b] = torch.full_like(weights[key_b], float("nan"))
+    save_file(weights, not_finite / "adapter_model.safetensors")
     (tmp_path / "a-file").write_text("{}")
     rank_says_4 = tmp_path / "rank-says-4"
     shutil.copytree(adapters["folder"] / "a", rank_says_4)
@@ -145,6 +151,7 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
              (bad(other_targets), "target_modules", "embed_tokens"),
              (bad(wrong_shape), "lora_path", "the base model needs (8, 576)"),
              (bad(rank_says_4), "lora_path", "has rank 8; adapter_config.json says r=4"),
+             (bad(not_finite), "lora_path", f"tensor {key_b!r} holds NaN or infinite values"),
              (LoRARequest("a-elsewhere", 1, str(malformed)), "lora_int_id", "remove it first")]
     for request, param, message in cases:
         for call in (lambda: engine.add_lora(request),
