@@ -240,3 +240,24 @@ def test_the_default_number_of_web_processes_comes_from_the_machine():
     assert default_api_server_count("cuda", cores=2, gpu=True) == 1
     assert default_api_server_count("cpu", cores=16, gpu=False) == 1
     assert default_api_server_count("cpu", cores=16) == 1  # a CPU engine, whatever the host has
+
+
+def test_a_startup_adapter_named_like_a_registered_one_warns(tmp_path):
+    """`serve --lora-modules sql=...` while a tenant's adapter is registered as `sql`: the start-up adapter would
+    answer to the name and the tenant's could not be used, so serve says so (bad shares then stop it)."""
+    env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    setup = ("from tenants.models import Tenant; from webapp.catalog.models import LoRAAdapter; "
+             "LoRAAdapter.objects.create(name='sql', base_model='smollm2-135m-instruct', path='/adapters/sql', "
+             "tenant=Tenant.objects.create(slug='team-x', name='team-x'))")
+    for args in (["migrate", "-v0"], ["shell", "-c", setup]):
+        made = subprocess.run([sys.executable, launcher.MANAGE, *args], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=launcher.BASE_DIR)
+        assert made.returncode == 0, made.stderr
+    flags = ["--tenant-id", "team1=60%", "--tenant-id", "team2=50%"]  # stops it right after the warning
+    for module, warned in (("sql=/adapters/other", True), ("docs=/adapters/docs", False)):
+        done = subprocess.run([sys.executable, launcher.MANAGE, "serve", "--port", str(launcher.free_port()),
+                               "--enable-lora", "--lora-modules", module, *flags], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=launcher.BASE_DIR)
+        assert done.returncode != 0 and "add up to 110%" in done.stderr, done.stderr
+        warning = "--lora-modules adapter 'sql' has the name of a registered adapter (tenant 'team-x'"
+        assert (warning in done.stderr) == warned, done.stderr

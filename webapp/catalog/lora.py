@@ -45,6 +45,20 @@ def publish(client: redis.Redis | None = None) -> bool:
     return True
 
 
+def shadowed_by_startup(names) -> list[str]:
+    """Warnings for start-up adapters (``--lora-modules``) named like a registered adapter: while the workers
+    serve them, the start-up adapter answers that name (``webapp.api.adapters.all_adapters``) and the
+    registered one, perhaps a tenant's, cannot be reached. Empty when the database cannot be read."""
+    try:
+        clashes = list(LoRAAdapter.objects.select_related("tenant").filter(name__in=list(names)))
+    except DatabaseError:
+        return []
+    return [f"--lora-modules adapter '{a.name}' has the name of a registered adapter "
+            f"({'tenant ' + repr(a.tenant.slug) if a.tenant else 'public'}, {a.path}); the start-up adapter "
+            f"answers to '{a.name}' while these workers serve it, and the registered one cannot be used. "
+            "Rename one of them." for a in sorted(clashes, key=lambda a: a.name)]
+
+
 def publish_on_commit(**_) -> None:
     """Signal receiver: publish once the current transaction (if any) has committed."""
     transaction.on_commit(publish)

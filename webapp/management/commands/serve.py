@@ -154,6 +154,9 @@ class Command(BaseCommand):
                               "set DJANGO_SECRET_KEY (e.g. `python -c 'import secrets; "
                               "print(secrets.token_urlsafe(50))'`) so that sessions and CSRF tokens cannot be forged.")
         call_command("migrate", interactive=False, verbosity=0)
+        from inference.lora.config import parse_lora_modules  # noqa: PLC0415
+        for warning in lora.shadowed_by_startup(m.lora_name for m in parse_lora_modules(engine_args.lora_modules)):
+            self.stderr.write(f"Warning: {warning}")
         try:
             check_total(tenant_specs)
         except ValueError as error:
