@@ -70,7 +70,7 @@ class LLMEngine:
         self.config = config
         self.lora_registry: LoRARegistry | None = None
         if config.lora is not None:  # the start-up adapters are checked before the model loads
-            self.lora_registry = LoRARegistry(config.lora, config.hf_config)
+            self.lora_registry = LoRARegistry(config.lora, config.hf_config, config.dtype)
             for module in config.lora.modules:
                 self.lora_registry.add(module)
             if len(config.lora.modules) > config.lora.max_cpu_loras:

@@ -135,15 +135,17 @@ def read_adapter_config(request: LoRARequest) -> dict:
     return config
 
 
-def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAdapter:
+def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int, dtype: torch.dtype | None = None) -> LoRAAdapter:
     """Load and check a PEFT LoRA adapter for the base model of ``hf_config``.
 
     Raises:
         InvalidRequestError: see :func:`read_adapter_config`; a rank above ``max_lora_rank``
             (``param="max_lora_rank"``); a missing or unreadable weights file, a tensor that is not
             a LoRA tensor of a supported projection, a layer the model does not have, a shape that
-            does not fit the model, NaN or infinite values, a projection with ``lora_A`` but no ``lora_B``
-            (``"lora_path"``).
+            does not fit the model, NaN or infinite values, values beyond ``dtype``'s range (the model's:
+            ``lora_B`` once scaled by ``lora_alpha / r``), a projection with ``lora_A`` but no ``lora_B``
+            (``"lora_path"``). A batch's rows meet every slot's ``B`` in one matmul
+            (:func:`.triton_lora.lora_expand_all_slots`), so a non-finite value would reach other requests.
     """
     config = read_adapter_config(request)
     rank = config["r"]
@@ -178,6 +180,12 @@ def load_adapter(request: LoRARequest, hf_config, max_lora_rank: int) -> LoRAAda
         values = tensor.to(torch.float32)
         if not torch.isfinite(values).all():
             raise _fail(request, f"tensor {key!r} holds NaN or infinite values.")
+        largest = float((values * (scaling if which == "B" else 1.0)).abs().max()) if values.numel() else 0.0
+        if dtype is not None and dtype.is_floating_point and largest > torch.finfo(dtype).max:
+            scaled = f" once multiplied by the scaling {scaling:g}" if which == "B" else ""
+            raise _fail(request, f"tensor {key!r} holds values beyond {str(dtype).removeprefix('torch.')}'s range "
+                                 f"(largest {largest:.4g}{scaled}; the model computes in "
+                                 f"{str(dtype).removeprefix('torch.')}).")
         parts.setdefault((layer, module), {})[which] = values
     weights = {}
     for (layer, module), pair in sorted(parts.items()):

@@ -60,6 +60,7 @@ class LoRABatch:
         self._row_slots_written = 0  # rows of row_slots that may hold a slot (the rest are -1)
         self.num_lora_rows = 0
         self.static = False
+        self.uses_tiles = torch.device(device).type == "cuda"  # the Triton kernels' row tiles (not on the CPU path)
 
     def prepare(self, token_slots: np.ndarray) -> None:
         """Fill the buffers for a step whose row ``t`` uses slot ``token_slots[t]`` (``[T]`` int32, -1: none)."""
@@ -77,7 +78,7 @@ class LoRABatch:
         row_slots[:token_slots.size] = token_slots
         self._row_slots_written = token_slots.size
         arrays = [rows, starts, row_slots]
-        if torch.device(self.device).type == "cuda":
+        if self.uses_tiles:
             arrays.append(segment_tiles(starts, self.num_tiles))
         sorted_rows, slot_starts, row_slots_d, *tiles = to_device(arrays, self.device)
         self.sorted_rows[:rows.size].copy_(sorted_rows)
@@ -125,6 +126,10 @@ def _slices(base: nn.Module, name: str) -> tuple[tuple[LoRASlice, ...], tuple[in
 # :func:`.triton_lora.lora_shrink_all_slots` under a quantized layer): decode batches up to 512 rows over 8
 # slots. Above it, the segmented shrink, which reads each row against its own slot only.
 ALL_SLOTS_MAX_ROWS = 4096
+# Slots times rank up to which the one-GEMM path's expand runs (:func:`.triton_lora.lora_expand_all_slots`
+# holds every slot's B for a column tile: 256 columns keep it within registers and shared memory; 2,048 would
+# not fit an H100's shared memory). Above it, the base layer, the every-slot shrink and the segmented expand.
+EXPAND_ALL_SLOTS_MAX_COLUMNS = 256
 
 
 def _stack_below_weight(base: nn.Module, rows: int, in_local: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -207,7 +212,8 @@ class LoRALinear(nn.Module):
             return self.base(x)
         flat = x.reshape(-1, x.shape[-1])
         small = flat.shape[0] * self.lora_a.shape[0] <= ALL_SLOTS_MAX_ROWS
-        if small and self.stacked_weight is not None and use_triton_layers(x):
+        if (small and self.stacked_weight is not None and use_triton_layers(x)
+                and self.lora_a.shape[0] * self.r_max <= EXPAND_ALL_SLOTS_MAX_COLUMNS):
             from .triton_lora import lora_expand_all_slots  # noqa: PLC0415
             # one GEMM gives the base output and every slot's shrink; the expand adds each row's own slot
             y = flat @ self.stacked_weight.t()

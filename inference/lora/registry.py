@@ -4,6 +4,8 @@ from __future__ import annotations
 import collections
 import logging
 
+import torch
+
 from ..errors import InvalidRequestError
 from .checkpoint import LoRAAdapter, load_adapter
 from .config import LoRAConfig
@@ -21,11 +23,13 @@ class LoRARegistry:
     Args:
         config: the engine's LoRA limits.
         hf_config: the base model's config (adapters are checked against its shapes).
+        dtype: the model's compute dtype (adapters' values must fit it).
     """
 
-    def __init__(self, config: LoRAConfig, hf_config) -> None:
+    def __init__(self, config: LoRAConfig, hf_config, dtype: torch.dtype | None = None) -> None:
         self.config = config
         self.hf_config = hf_config
+        self.dtype = dtype
         self._adapters: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()
 
     def get(self, request: LoRARequest) -> LoRAAdapter:
@@ -50,7 +54,7 @@ class LoRARegistry:
                     param="lora_int_id")
             self._adapters.move_to_end(request.lora_int_id)
             return adapter
-        adapter = load_adapter(request, self.hf_config, self.config.max_lora_rank)
+        adapter = load_adapter(request, self.hf_config, self.config.max_lora_rank, self.dtype)
         while len(self._adapters) >= self.config.max_cpu_loras:
             evicted_id, evicted = self._adapters.popitem(last=False)
             logger.info("LoRA adapter %r (id %d) evicted from host memory (max_cpu_loras=%d)", evicted.lora_name,

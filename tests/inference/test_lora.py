@@ -171,6 +171,27 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     assert tokens == adapters["reference"]["a"][0]  # the good request went on
 
 
+def test_an_adapter_beyond_the_model_dtypes_range_is_refused(adapters, tmp_path, smollm2_dir):
+    """A lora_B whose scaled values overflow float16 would turn into inf in a float16 model's slots, and every
+    row of a decode batch meets every slot's B: refused for float16, loaded for float32."""
+    from safetensors.torch import load_file, save_file
+
+    from inference.lora.checkpoint import load_adapter
+    from inference.model_loader import load_hf_config
+
+    big = tmp_path / "big"
+    shutil.copytree(adapters["folder"] / "a", big)
+    weights = load_file(big / "adapter_model.safetensors")
+    key = next(k for k in sorted(weights) if "lora_B" in k)
+    weights[key][0, 0] = 70000.0 / json.loads((big / "adapter_config.json").read_text())["lora_alpha"] * 8
+    save_file(weights, big / "adapter_model.safetensors")
+    hf_config = load_hf_config(smollm2_dir)
+    request = LoRARequest("big", 3, str(big))
+    with pytest.raises(InvalidRequestError, match=re.escape(f"tensor {key!r} holds values beyond float16's range")):
+        load_adapter(request, hf_config, 16, torch.float16)
+    assert load_adapter(request, hf_config, 16, torch.float32).rank == 8
+
+
 def test_tensors_of_modules_the_config_does_not_target_are_not_applied(adapters, tmp_path):
     """As PEFT: an adapter file holding every projection's tensors, whose config targets only q_proj and v_proj,
     changes only those two (PEFT makes LoRA layers for the targets alone and ignores the other tensors)."""

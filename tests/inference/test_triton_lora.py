@@ -106,3 +106,50 @@ def test_segment_tiles_cover_every_row_once_within_its_slot():
     assert (tiles[len([t for t in tiles if t[1] < t[2]]):] == 0).all()
     with pytest.raises(ValueError, match="row tiles"):
         segment_tiles(starts, 3)
+
+
+@pytest.mark.parametrize("num_slots, r_max, dtype", [(3, 8, torch.float32), (3, 8, torch.bfloat16),
+                                                     (5, 64, torch.float32)],
+                         ids=["one-gemm-fp32", "one-gemm-bf16", "wide-slots-fallback"])
+def test_lora_linear_gpu_paths_equal_the_pytorch_path(num_slots, r_max, dtype, monkeypatch):
+    """A wrapped qkv layer (with bias) on the GPU paths (forced here, the kernels in the interpreter without a GPU)
+    against its PyTorch path: the one-GEMM path while slots x rank fit the expand's tile, the every-slot shrink and
+    the segmented expand above it; rows of no adapter, ranks below r_max, and the row slots of a longer step before."""
+    import types
+
+    import inference.lora.layers as layers
+    import inference.lora.triton_lora as triton_lora
+    from inference.models.parallel_layers import QKVParallelLinear
+
+    g = torch.Generator().manual_seed(num_slots * r_max)
+    base = QKVParallelLinear(32, 8, 4, 2, bias=True).to(dtype).to(DEVICE)
+    with torch.no_grad():
+        for param in base.parameters():
+            param.copy_(torch.randn(param.shape, generator=g) * 0.1)
+    weight = base.weight.detach().clone()
+    batch = layers.LoRABatch(64, num_slots, DEVICE)
+    batch.uses_tiles = True  # the kernels' row tiles, which the CPU path does not build
+    layer = layers.LoRALinear(base, 0, "qkv_proj", num_slots, r_max, dtype, DEVICE, batch)
+    assert torch.equal(base.weight, weight)  # the weight now lives in the stacked tensor, unchanged
+    widths = {"q_proj": 32, "k_proj": 16, "v_proj": 16}
+    for slot in range(num_slots):
+        rank = r_max - slot  # ranks below r_max too
+        weights = {(0, name): (torch.randn(rank, 32, generator=g) * 0.1, torch.randn(n, rank, generator=g) * 0.1)
+                   for name, n in widths.items()}
+        layer.load_slot(slot, types.SimpleNamespace(weights=weights))
+    used = []
+    monkeypatch.setattr(triton_lora, "lora_expand_all_slots",
+                        lambda *a, _f=triton_lora.lora_expand_all_slots: used.append(1) or _f(*a))
+    one_gemm = num_slots * r_max <= layers.EXPAND_ALL_SLOTS_MAX_COLUMNS
+    for num_tokens in (7, 5):  # the second step is shorter: its rows past 5 must not keep the first step's slots
+        x = torch.randn(num_tokens, 32, generator=g).to(dtype).to(DEVICE)
+        batch.prepare(np.array([t % (num_slots + 1) - 1 for t in range(num_tokens)], dtype=np.int32))
+        monkeypatch.setattr(layers, "use_triton_layers", lambda _x: False)
+        expected = layer(x)
+        monkeypatch.setattr(layers, "use_triton_layers", lambda _x: True)
+        out = layer(x)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+        torch.testing.assert_close(out.float(), expected.float(), **tol)
+        assert not torch.equal(expected, base(x))  # the adapters changed the output
+    assert bool(used) == one_gemm
+    assert batch.row_slots[5:7].tolist() == [-1, -1]
