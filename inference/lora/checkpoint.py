@@ -112,11 +112,14 @@ def read_adapter_config(request: LoRARequest) -> dict:
     if config.get("peft_type", "LORA") != "LORA":
         raise _fail(request, f"peft_type is {config.get('peft_type')!r}; only LORA adapters are served.")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
-        raise _fail(request, f"{CONFIG_FILE} needs a positive integer 'r' and a number 'lora_alpha'; got "
+    if (not isinstance(r, int) or isinstance(r, bool) or r < 1 or not isinstance(alpha, (int, float))
+            or isinstance(alpha, bool) or not math.isfinite(alpha)):
+        raise _fail(request, f"{CONFIG_FILE} needs a positive integer 'r' and a finite number 'lora_alpha'; got "
                              f"r={r!r}, lora_alpha={alpha!r}.")
     unsupported = [name for name in ("use_dora", "fan_in_fan_out", "lora_bias", "layer_replication",
-                                     "trainable_token_indices", "target_parameters") if config.get(name)]
+                                     "trainable_token_indices", "target_parameters", "exclude_modules",
+                                     "layers_to_transform", "layers_pattern", "alora_invocation_tokens",
+                                     "use_qalora") if config.get(name) not in (None, False, [], "", {})]
     if config.get("bias", "none") != "none":
         unsupported.append(f"bias={config['bias']!r}")
     if config.get("modules_to_save"):

@@ -141,6 +141,12 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
     weights[key_b] = torch.full_like(weights[key_b], float("nan"))
     save_file(weights, not_finite / "adapter_model.safetensors")
     (tmp_path / "a-file").write_text("{}")
+    nan_alpha = tmp_path / "nan-alpha"
+    shutil.copytree(adapters["folder"] / "a", nan_alpha)
+    (nan_alpha / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": float("nan")}))
+    some_layers = tmp_path / "some-layers"  # PEFT would apply it to layer 0 only
+    shutil.copytree(adapters["folder"] / "a", some_layers)
+    (some_layers / "adapter_config.json").write_text(json.dumps({**config, "layers_to_transform": [0]}))
     rank_says_4 = tmp_path / "rank-says-4"
     shutil.copytree(adapters["folder"] / "a", rank_says_4)
     (rank_says_4 / "adapter_config.json").write_text(json.dumps({**config, "r": 4}))
@@ -152,6 +158,8 @@ def test_bad_adapters_are_refused_and_change_nothing(adapters, tmp_path):
              (bad(wrong_shape), "lora_path", "the base model needs (8, 576)"),
              (bad(rank_says_4), "lora_path", "has rank 8; adapter_config.json says r=4"),
              (bad(not_finite), "lora_path", f"tensor {key_b!r} holds NaN or infinite values"),
+             (bad(nan_alpha), "lora_path", "a finite number 'lora_alpha'; got r=8, lora_alpha=nan"),
+             (bad(some_layers), "lora_path", "layers_to_transform is not supported"),
              (LoRARequest("a-elsewhere", 1, str(malformed)), "lora_int_id", "remove it first")]
     for request, param, message in cases:
         for call in (lambda: engine.add_lora(request),

@@ -242,22 +242,44 @@ def test_the_default_number_of_web_processes_comes_from_the_machine():
     assert default_api_server_count("cpu", cores=16) == 1  # a CPU engine, whatever the host has
 
 
-def test_a_startup_adapter_named_like_a_registered_one_warns(tmp_path):
-    """`serve --lora-modules sql=...` while a tenant's adapter is registered as `sql`: the start-up adapter would
-    answer to the name and the tenant's could not be used, so serve says so (bad shares then stop it)."""
+def test_registered_adapters_named_like_the_served_model_or_a_startup_adapter_stop_serve(tmp_path):
+    """A registered adapter named like the served model would take its requests; one named like a `--lora-modules`
+    adapter would be listed as one and served as the other: serve refuses to start, naming both and the owner."""
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
     setup = ("from tenants.models import Tenant; from webapp.catalog.models import LoRAAdapter; "
              "LoRAAdapter.objects.create(name='sql', base_model='smollm2-135m-instruct', path='/adapters/sql', "
-             "tenant=Tenant.objects.create(slug='team-x', name='team-x'))")
+             "tenant=Tenant.objects.create(slug='team-x', name='team-x')); "
+             "LoRAAdapter.objects.create(name='smollm2-135m-instruct', base_model='smollm2-135m-instruct', "
+             "path='/adapters/m')")  # as an add while Redis was down could once leave it
     for args in (["migrate", "-v0"], ["shell", "-c", setup]):
         made = subprocess.run([sys.executable, launcher.MANAGE, *args], env=env, capture_output=True, text=True,
                               timeout=120, cwd=launcher.BASE_DIR)
         assert made.returncode == 0, made.stderr
-    flags = ["--tenant-id", "team1=60%", "--tenant-id", "team2=50%"]  # stops it right after the warning
-    for module, warned in (("sql=/adapters/other", True), ("docs=/adapters/docs", False)):
+    shares = ["--tenant-id", "team1=60%", "--tenant-id", "team2=50%"]  # stops serve once past the clash check
+    for flags, clash in ((["--lora-modules", "sql=/adapters/other"], True),
+                         (["--served-model-name", "chat", "--lora-modules", "docs=/adapters/docs"], False)):
         done = subprocess.run([sys.executable, launcher.MANAGE, "serve", "--port", str(launcher.free_port()),
-                               "--enable-lora", "--lora-modules", module, *flags], env=env, capture_output=True,
-                              text=True, timeout=120, cwd=launcher.BASE_DIR)
-        assert done.returncode != 0 and "add up to 110%" in done.stderr, done.stderr
-        warning = "--lora-modules adapter 'sql' has the name of a registered adapter (tenant 'team-x'"
-        assert (warning in done.stderr) == warned, done.stderr
+                               "--enable-lora", *flags, *shares], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=launcher.BASE_DIR)
+        assert done.returncode != 0, done.stderr
+        if clash:
+            assert "a --lora-modules adapter 'sql' has the name of a registered LoRA adapter (tenant 'team-x'" \
+                in done.stderr, done.stderr
+            assert ("the served model 'smollm2-135m-instruct' has the name of a registered LoRA adapter (public"
+                    in done.stderr), done.stderr
+        else:
+            assert "add up to 110%" in done.stderr and "registered LoRA adapter" not in done.stderr, done.stderr
+
+
+def test_an_adapter_cannot_take_its_base_models_name_even_with_redis_down(tmp_path):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "lora_alpha": 16, '
+                                                '"target_modules": ["q_proj"]}')
+    env = launcher.child_env(REDIS_URL=f"redis://127.0.0.1:{launcher.free_port()}/0",
+                             TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
+    for args in (["migrate", "-v0"],
+                 ["lora_adapter", "add", "smollm2-135m-instruct", str(folder), "--base-model", "smollm2-135m-instruct"]):
+        done = subprocess.run([sys.executable, launcher.MANAGE, *args], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=launcher.BASE_DIR)
+    assert done.returncode != 0 and "A served model is named 'smollm2-135m-instruct'" in done.stderr, done.stderr

@@ -45,18 +45,23 @@ def publish(client: redis.Redis | None = None) -> bool:
     return True
 
 
-def shadowed_by_startup(names) -> list[str]:
-    """Warnings for start-up adapters (``--lora-modules``) named like a registered adapter: while the workers
-    serve them, the start-up adapter answers that name (``webapp.api.adapters.all_adapters``) and the
-    registered one, perhaps a tenant's, cannot be reached. Empty when the database cannot be read."""
+def startup_clashes(served_names, startup_names) -> list[str]:
+    """Why ``serve`` cannot start with these served model names and ``--lora-modules`` adapters: registered
+    adapters of the same names. A served model's name taken by an adapter would send that model's requests to
+    the adapter; a start-up adapter's would be listed as one adapter and served as the other. Empty when the
+    database cannot be read (the clash checks at registration remain)."""
+    served, startup = set(served_names), set(startup_names)
     try:
-        clashes = list(LoRAAdapter.objects.select_related("tenant").filter(name__in=list(names)))
+        clashes = list(LoRAAdapter.objects.select_related("tenant").filter(name__in=sorted(served | startup)))
     except DatabaseError:
         return []
-    return [f"--lora-modules adapter '{a.name}' has the name of a registered adapter "
-            f"({'tenant ' + repr(a.tenant.slug) if a.tenant else 'public'}, {a.path}); the start-up adapter "
-            f"answers to '{a.name}' while these workers serve it, and the registered one cannot be used. "
-            "Rename one of them." for a in sorted(clashes, key=lambda a: a.name)]
+    problems = []
+    for adapter in sorted(clashes, key=lambda a: a.name):
+        owner = f"tenant {adapter.tenant.slug!r}" if adapter.tenant else "public"
+        what = "the served model" if adapter.name in served else "a --lora-modules adapter"
+        problems.append(f"{what} '{adapter.name}' has the name of a registered LoRA adapter ({owner}, "
+                        f"{adapter.path}): rename one of them (`manage.py lora_adapter remove {adapter.name}`).")
+    return problems
 
 
 def publish_on_commit(**_) -> None:

@@ -107,9 +107,10 @@ class LoRAAdapter(models.Model):
         return self.name
 
     def clean(self) -> None:
-        """Refuse a name a served model already has (the form shows it on the field)."""
+        """Refuse a name a served model already has, its own base model's included (the form shows it on the
+        field): checked here, without Redis, so that no adapter takes a model's name while Redis is down."""
         super().clean()
-        if self.name and ServedModel.objects.filter(name=self.name).exists():
+        if self.name and (self.name == self.base_model or ServedModel.objects.filter(name=self.name).exists()):
             raise ValidationError({"name": f"A served model is named '{self.name}'; an adapter needs a name of "
                                            "its own."})
 

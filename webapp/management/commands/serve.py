@@ -155,8 +155,10 @@ class Command(BaseCommand):
                               "print(secrets.token_urlsafe(50))'`) so that sessions and CSRF tokens cannot be forged.")
         call_command("migrate", interactive=False, verbosity=0)
         from inference.lora.config import parse_lora_modules  # noqa: PLC0415
-        for warning in lora.shadowed_by_startup(m.lora_name for m in parse_lora_modules(engine_args.lora_modules)):
-            self.stderr.write(f"Warning: {warning}")
+        clashes = lora.startup_clashes([engine_args.served_model_name or engine_args.model],
+                                       [m.lora_name for m in parse_lora_modules(engine_args.lora_modules)])
+        if clashes:
+            raise CommandError(" ".join(clashes))
         try:
             check_total(tenant_specs)
         except ValueError as error:
