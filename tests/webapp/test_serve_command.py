@@ -282,4 +282,4 @@ def test_an_adapter_cannot_take_its_base_models_name_even_with_redis_down(tmp_pa
                  ["lora_adapter", "add", "smollm2-135m-instruct", str(folder), "--base-model", "smollm2-135m-instruct"]):
         done = subprocess.run([sys.executable, launcher.MANAGE, *args], env=env, capture_output=True, text=True,
                               timeout=120, cwd=launcher.BASE_DIR)
-    assert done.returncode != 0 and "A served model is named 'smollm2-135m-instruct'" in done.stderr, done.stderr
+    assert done.returncode != 0 and "'smollm2-135m-instruct' is a served model's name" in done.stderr, done.stderr

@@ -111,7 +111,7 @@ class LoRAAdapter(models.Model):
         field): checked here, without Redis, so that no adapter takes a model's name while Redis is down."""
         super().clean()
         if self.name and (self.name == self.base_model or ServedModel.objects.filter(name=self.name).exists()):
-            raise ValidationError({"name": f"A served model is named '{self.name}'; an adapter needs a name of "
+            raise ValidationError({"name": f"'{self.name}' is a served model's name; an adapter needs a name of "
                                            "its own."})
 
     def entry(self) -> AdapterEntry:
