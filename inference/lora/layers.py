@@ -123,7 +123,7 @@ def _slices(base: nn.Module, name: str) -> tuple[tuple[LoRASlice, ...], tuple[in
 
 
 # Rows times slots up to which a GPU step computes every row's shrink against every slot (in the base GEMM, or
-# :func:`.triton_lora.lora_shrink_all_slots` under a quantized layer): decode batches up to 512 rows over 8
+# :func:`.triton_lora.lora_shrink_all_slots` beyond the expand's columns): decode batches up to 512 rows over 8
 # slots. Above it, the segmented shrink, which reads each row against its own slot only.
 ALL_SLOTS_MAX_ROWS = 4096
 # Slots times rank up to which the one-GEMM path's expand runs (:func:`.triton_lora.lora_expand_all_slots`
