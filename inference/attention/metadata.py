@@ -1,7 +1,7 @@
 """Per-step attention metadata for a flattened, variable-length batch (no padding)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,9 @@ class AttentionMetadata:
         decode_seq_lens: ``[Bd]`` int64, context length including the new token.
         decode_max_seq_len: the largest of ``decode_seq_lens`` as a host int (tokens), where the step's
             builder knows it without reading the device; None otherwise.
+        decode_groups: the PyTorch backend's groups of decodes of similar length
+            (``torch_ref.DecodeGroup``), planned by the step's first layer and reused by the others; not an
+            argument, and ``dataclasses.replace`` (the next step of a decode window) starts it afresh.
         prefills: the multi-token requests.
         block_size: tokens per block.
         backend: ``"torch"`` (reference, CPU) or ``"triton"`` (GPU kernels).
@@ -69,6 +72,7 @@ class AttentionMetadata:
     num_leading_decodes: int = 0
     prefill_cu_seqlens_q: torch.Tensor | None = None
     decode_max_seq_len: int | None = None
+    decode_groups: list | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_decodes(self) -> int:
