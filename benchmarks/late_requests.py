@@ -22,6 +22,10 @@ Per late request (times in ms from its arrival):
 * ``flood_unfinished``: flood requests not finished at its hand-over; ``decode_step_ms``: the
   engine's decode-step average then, from which it sizes its windows.
 
+``--profile-late K`` (a GPU) runs the calls from the hand-over of the flood pass's K-th late request to its
+first token under the torch profiler: the pass's ``profile`` holds their kernels (device ms), the device's
+busy time against the wall time, and the host's costliest operations, to show where that TTFT goes.
+
 The run's ``window_steps`` (decode-only launches by their number of steps) and ``decode_step_ms``
 (the engine's moving average of one decode step) show the windows the engine chose.
 ``max_num_seqs`` defaults to the flood plus the late requests, so that a late request waits for a
@@ -48,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from step_profile import TritonCompileWatch
+from step_profile import TritonCompileWatch, profile_summary
 from throughput import (add_window_target_arg, add_workload_args, apply_window_target, make_llm, make_workload,
                         warm_up, write_result)
 
@@ -87,16 +91,20 @@ class StepCall:
 
 
 def drive(engine, flood: list[tuple[list[int], SamplingParams]], late: list[LateRequest],
-          late_params: SamplingParams, start_s: float, interval_s: float, cache_salt: str | None) -> list[StepCall]:
+          late_params: SamplingParams, start_s: float, interval_s: float, cache_salt: str | None,
+          profiled: int | None = None) -> tuple[list[StepCall], dict | None]:
     """Add ``flood`` at once, then step ``engine`` until everything finished, handing each of ``late``
     over between two calls once its arrival time has passed. Arrivals are planned ``start_s``,
     ``start_s + interval_s``, ... seconds after no flood request waits (after the pass began, without
-    a flood). Fills in the ``late`` records; returns the calls."""
+    a flood). Fills in the ``late`` records; returns the calls, and with ``profiled`` (an index into
+    ``late``) the profile of the calls from that request's hand-over to its first token."""
     for i, (prompt, params) in enumerate(flood):
         engine.add_request(f"flood-{i}", prompt, params)
     by_id = {r.request_id: r for r in late}
     calls: list[StepCall] = []
     pending, planned, flood_left = list(late), False, len(flood)
+    watched = late[profiled] if profiled is not None else None
+    prof = prof_started = summary = None
     while pending or engine.has_unfinished_requests():
         now = time.monotonic()
         if not planned and engine.scheduler.num_waiting == 0:
@@ -109,6 +117,11 @@ def drive(engine, flood: list[tuple[list[int], SamplingParams]], late: list[Late
                                cache_salt=cache_salt)
             request.handed_over, request.handed_over_call, request.flood_unfinished = now, len(calls), flood_left
             request.decode_step_s = engine.decode_step_seconds
+            if request is watched:
+                from torch.profiler import ProfilerActivity, profile
+                prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                prof.__enter__()
+                prof_started = time.perf_counter()
         if not engine.has_unfinished_requests():  # idle until the next arrival
             time.sleep(max(0.0, pending[0].arrival - time.monotonic()))
             continue
@@ -124,9 +137,15 @@ def drive(engine, flood: list[tuple[list[int], SamplingParams]], late: list[Late
                 continue
             if request.first_output is None and out.outputs and out.outputs[0].token_ids:
                 request.first_output, request.first_output_call = ended, len(calls) - 1
+                if request is watched:
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    wall_s = time.perf_counter() - prof_started
+                    prof.__exit__(None, None, None)
+                    summary = {"request_id": request.request_id, **profile_summary(prof, wall_s)}
             if out.finished:
                 request.metrics = out.metrics
-    return calls
+    return calls, summary
 
 
 def report(late: list[LateRequest], calls: list[StepCall]) -> dict:
@@ -173,9 +192,10 @@ def run_pass(engine, name: str, flood, prompts, args) -> dict:
     windows_before = engine.window_steps.copy()
     with TritonCompileWatch() as builds:
         began = time.perf_counter()
-        calls = drive(engine, flood, late, params, args.late_start, args.late_interval, cache_salt=name)
+        calls, profiled = drive(engine, flood, late, params, args.late_start, args.late_interval, cache_salt=name,
+                                profiled=args.profile_late if flood else None)
         seconds = time.perf_counter() - began
-    return {**report(late, calls), "seconds": seconds,
+    return {**report(late, calls), "seconds": seconds, **({"profile": profiled} if profiled else {}),
             "window_steps": {str(k): v for k, v in sorted((engine.window_steps - windows_before).items())},
             "decode_step_ms": 1e3 * (engine.decode_step_seconds or 0),
             "triton_builds": builds.report()}
@@ -208,6 +228,8 @@ def main() -> None:
     parser.add_argument("--num-scheduler-steps", type=int, default=None,
                         help="fixed decode windows (default: the engine sizes them itself on a GPU)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile-late", type=int, default=None, metavar="K",
+                        help="profile the calls from the flood pass's K-th late request's hand-over to its first token (GPU)")
     parser.add_argument("--output-json", default=None)
     add_window_target_arg(parser)
     args = parser.parse_args()

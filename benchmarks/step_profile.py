@@ -146,6 +146,12 @@ def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
         fn()
         torch.cuda.synchronize()
         wall_s = time.perf_counter() - started
+    return profile_summary(prof, wall_s, top)
+
+
+def profile_summary(prof, wall_s: float, top: int = 25) -> dict:
+    """A finished ``torch.profiler.profile`` of ``wall_s`` seconds: the ``top`` kernels by total device time (ms)
+    and their share, the device's busy timeline, and the host's most expensive operations (self time, ms)."""
     events = prof.key_averages()
     runtime = sorted((e for e in events if e.key.startswith(("cuda", "cu"))), key=lambda e: e.self_cpu_time_total,
                      reverse=True)[:12]

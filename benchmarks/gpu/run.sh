@@ -30,6 +30,8 @@
 #   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
 #                    then into the idle engine: their TTFT, the decode windows, the wait for the step boundary
 #                    (late_requests.py)
+#   late-profile     the same with 4 late requests, the third's calls from hand-over to first token under the torch
+#                    profiler (--profile-late 2): where a late request's TTFT goes
 #   window-target    engine-sized decode windows of at most WT ms (default 12) against the default 25: the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
@@ -181,6 +183,9 @@ for step in "$@"; do
       --max-num-batched-tokens 16384 --output-json "$(name prefix-ttft)" ;;
   late-requests) run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
+  late-profile) run_step late-profile 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+      --num-late 4 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --profile-late 2 \
+      --output-json "$(name late-requests-profile)" ;;
   window-target)
     WT=${WT:-12}
     run_step late-requests-wt$WT 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
