@@ -66,7 +66,7 @@ def _gather_blocks(kv_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     num_blocks = src.shape[1]
     block_numel = src[0].numel() // num_blocks
     need = 2 * index.numel() * block_numel
-    key = (src.device, src.dtype)
+    key = (src.device, src.dtype, torch.is_inference_mode_enabled())  # an inference tensor is not writable outside
     buffers = getattr(_workspace, "buffers", None)
     if buffers is None:
         buffers = _workspace.buffers = {}

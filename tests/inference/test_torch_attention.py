@@ -1,6 +1,8 @@
 """The PyTorch paged attention (the CPU path) against attention written out row by row."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -67,3 +69,22 @@ def test_a_smaller_step_after_a_larger_one_reads_only_its_own_blocks():
     _decode(big_q, big_cache, big_meta, big_q.shape[-1] ** -0.5)
     q, cache, meta, expected = decode_case([5, 40, 9], seed=2)
     torch.testing.assert_close(_decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_outside_inference_mode_after_a_call_inside_it():
+    """The engine attends under ``torch.inference_mode``; a later call outside it in the same thread (a user's own
+    forward, a test) must not write into the buffer kept from then. A fresh thread starts with no buffer."""
+    q, cache, meta, expected = decode_case([30, 70, 5, 64, 9], seed=3)
+    results = []
+
+    def run() -> None:
+        with torch.inference_mode():
+            _decode(q, cache, meta, q.shape[-1] ** -0.5)
+        meta.decode_groups = None
+        results.append(_decode(q, cache, meta, q.shape[-1] ** -0.5))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert results, "the call outside inference mode raised (see the thread's traceback)"
+    torch.testing.assert_close(results[0], expected, rtol=1e-5, atol=1e-5)
