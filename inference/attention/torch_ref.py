@@ -1,8 +1,8 @@
 """Pure-PyTorch paged attention: the CPU path and the reference for the GPU kernels.
 
 Paged KV cache after Kwon et al., "Efficient Memory Management for Large Language Model
-Serving with PagedAttention", SOSP 2023. Grouped-query heads (Ainslie et al., 2023) are
-handled by SDPA's ``enable_gqa`` without repeating K/V.
+Serving with PagedAttention", SOSP 2023. Grouped-query heads (Ainslie et al., 2023) never repeat K/V:
+prefill passes SDPA ``enable_gqa``, decode gives it each KV head's query heads as query rows.
 """
 from __future__ import annotations
 
@@ -112,11 +112,11 @@ def _decode_groups(meta: AttentionMetadata) -> list[DecodeGroup]:
     tables, lens = meta.decode_block_tables, meta.decode_seq_lens
     bs = meta.block_size
     if tables.device.type != "cpu" or tables.shape[0] <= 1:
-        longest = meta.decode_max_seq_len if meta.decode_max_seq_len is not None else int(lens.max())
-        if tables.shape[0] == 1:
+        longest = meta.decode_max_seq_len  # a host int where the builder knew it: no read of the device
+        if tables.shape[0] == 1 and longest is not None:
             return [DecodeGroup(None, tables[0, :-(-longest // bs)], None, longest)]
         mask = (torch.arange(tables.shape[1] * bs, device=lens.device)[None, :] < lens[:, None])[:, None, None, :]
-        return [DecodeGroup(None, tables.flatten(), mask, longest)]
+        return [DecodeGroup(None, tables.flatten(), mask, tables.shape[1] * bs)]
     order = torch.argsort(lens)
     sorted_lens = lens[order]
     groups = []
