@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..host_to_device import tensor_to_device, to_device
+from .draws import draw_tokens
 from .metadata import SamplingMetadata
 
 
@@ -44,8 +45,9 @@ def compute_topk_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: in
 class Sampler:
     """Applies, in order: logit bias and ``min_tokens`` bans, repetition / frequency / presence
     penalties, greedy argmax or temperature, top-k, top-p (Holtzman et al., 2020), min-p
-    (Nguyen et al., 2024), then samples with the exponential-race trick
-    (``argmax(p / E)``, ``E ~ Exp(1)``) so that seeded rows draw from their own generator.
+    (Nguyen et al., 2024), then samples: on a GPU with the exponential-race trick
+    (``argmax(p / E)``, ``E ~ Exp(1)``), on the CPU by inversion with one uniform a row
+    (:mod:`.draws`); either way a seeded row draws from its own generator.
 
     Logprobs are those of the raw model distribution (``log_softmax`` of the logits before
     any processing), like vLLM's default and like transformers' ``log_softmax(logits)``.
@@ -131,8 +133,4 @@ class Sampler:
         if meta.needs_min_p:
             threshold = probs.max(dim=-1, keepdim=True).values * meta.min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
-        noise = torch.empty_like(probs).exponential_()
-        for row, generator in meta.generators.items():
-            noise[row] = tensor_to_device(torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(
-                generator=generator), probs.device)
-        return (probs / noise).argmax(dim=-1)
+        return draw_tokens(probs, meta.generators)
