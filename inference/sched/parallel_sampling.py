@@ -22,12 +22,19 @@ class ParallelSampling:
         if followers:
             self._followers[leader.request_id] = list(followers)
 
-    def forks_of(self, request: Request, samples: bool) -> list[Request]:
-        """The followers that sample with ``request`` in this step: all of its waiting followers
-        when this step gives the leader its first token, else none."""
+    def forks_of(self, request: Request, samples: bool, seats: int) -> list[Request]:
+        """The followers that sample with ``request`` in this step: when this step gives the leader its
+        first token, its waiting followers up to ``seats`` (the free ``max_num_seqs`` seats, so that a
+        step never samples more rows than a full batch: n=128 on each of 128 prompts would otherwise
+        sample 16,384 rows from one step's logits), else none. The others compute their prompt (a
+        prefix-cache hit) and sample when admitted (``Scheduler._fork``)."""
         if not samples or request.num_output_tokens:
             return []
-        return self._followers.get(request.request_id, [])
+        return self._followers.get(request.request_id, [])[:max(seats, 0)]
+
+    def holds(self, leader: Request) -> bool:
+        """Whether followers of ``leader`` wait for its first token."""
+        return leader.request_id in self._followers
 
     def release(self, leader: Request) -> list[Request]:
         """Take the followers of a leader that just forked."""

@@ -49,6 +49,7 @@ class Scheduler:
         self.policy = make_policy(config.scheduling_policy)
         self.running: list[Request] = []
         self.parallel = ParallelSampling()  # parallel samples waiting for their prompt's prefill
+        self._forks_granted = 0  # seats promised to parallel samples in the step being scheduled
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
         self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
@@ -106,6 +107,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Build the batch for one step (see module docstring)."""
         out = SchedulerOutput()
+        self._forks_granted = 0  # seats promised to parallel samples in this step (_scheduled)
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
         if not out.preempted_ids:
@@ -228,7 +230,10 @@ class Scheduler:
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         samples = request.num_computed_tokens + num_new == request.num_tokens
-        return ScheduledRequest(request, num_new, samples, self.parallel.forks_of(request, samples))
+        forks = self.parallel.forks_of(request, samples,
+                                       self.config.max_num_seqs - len(self.running) - self._forks_granted)
+        self._forks_granted += len(forks)
+        return ScheduledRequest(request, num_new, samples, forks)
 
     def _preempt(self, request: Request) -> None:
         """Swap the request's KV out (``preemption_mode="swap"``, while the swap space has room),
@@ -411,17 +416,18 @@ class Scheduler:
             # a stop string can end a request while the step runs: its blocks are freed
             if kv.enable_prefix_caching and not request.is_finished:
                 kv.cache_blocks(request)
-            if item.forks:
-                self._fork(request)
+            if item.samples and self.parallel.holds(request):
+                self._fork(request, item.forks)
 
-    def _fork(self, leader: Request) -> None:
-        """Give the leader's followers its block table (shared) and let them run. Those beyond
-        ``max_num_seqs`` wait holding no blocks, as if preempted: they compute their prompt (and
-        first token) when admitted, from the prefix cache when it is on."""
-        overflow = []
+    def _fork(self, leader: Request, sampled: list[Request]) -> None:
+        """Give the followers that sampled beside the leader (``sampled``) its block table (shared) and
+        let them run. The others, and any beyond ``max_num_seqs``, wait holding no blocks, as if
+        preempted: they compute their prompt (and first token) when admitted, from the prefix cache
+        when it is on."""
+        overflow, sampled_ids = [], {id(follower) for follower in sampled}
         for follower in self.parallel.release(leader):
-            follower.first_scheduled_time = leader.first_scheduled_time
-            if len(self.running) < self.config.max_num_seqs:
+            if id(follower) in sampled_ids and len(self.running) < self.config.max_num_seqs:
+                follower.first_scheduled_time = leader.first_scheduled_time
                 self.kv.fork(leader, follower)
                 follower.num_computed_tokens = leader.num_computed_tokens
                 follower.status = RequestStatus.RUNNING

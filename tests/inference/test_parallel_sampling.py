@@ -106,8 +106,8 @@ def test_prompt_blocks_are_held_once_whatever_n(llm, test_prompts, n):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("engine_kwargs", [dict(), dict(num_kv_blocks=12, max_model_len=128)],
-                         ids=["roomy", "preempting"])
+@pytest.mark.parametrize("engine_kwargs", [dict(), dict(num_kv_blocks=12, max_model_len=128), dict(max_num_seqs=2)],
+                         ids=["roomy", "preempting", "two-seats"])
 def test_seeded_samples_equal_separate_requests(test_prompts, engine_kwargs):
     kwargs = dict(max_model_len=256, kv_cache_space=0.1)
     kwargs.update(engine_kwargs)
@@ -136,7 +136,9 @@ def test_samples_beyond_max_num_seqs_wait_without_blocks():
     while scheduler.num_unfinished:
         out = scheduler.schedule()
         update(scheduler, out, token_id=1)
-        if steps == 0:
+        if steps == 0:  # a step samples no more rows than there are seats
+            assert [len(item.sampling_requests) for item in out.scheduled] == [2]
+            assert [c.num_output_tokens for c in children] == [1, 1, 0, 0]
             assert scheduler.running == children[:2] and children[1].block_ids == children[0].block_ids
             assert [r.request_id for r in scheduler.waiting] == ["p#2", "p#3"]
             assert children[2].block_ids == [] and children[2].num_computed_tokens == 0
