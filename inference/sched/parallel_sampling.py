@@ -1,9 +1,10 @@
 """Parallel sampling (``n > 1``): one prefill for the prompt, then ``n`` samples sharing its blocks.
 
 The first sample (the *leader*) computes the prompt; the others (*followers*) wait here. In the
-step where the leader samples its first token, each follower samples its own first token from the
-same logits row, and after the step it takes the leader's block table by reference (the KV
-manager adds a holder to each block). The partly filled last block is copied on write by the
+step where the leader samples its first token, each follower that gets one of the ``max_num_seqs``
+seats samples its own first token from the same logits row, and after the step it takes the leader's
+block table by reference (the KV manager adds a holder to each block); the others compute their
+prompt when admitted. The partly filled last block is copied on write by the
 first sample that appends to it while others still hold it. So the prompt's KV is held once,
 whatever ``n`` is (vLLM v0's sequence-group fork).
 """
@@ -24,10 +25,11 @@ class ParallelSampling:
 
     def forks_of(self, request: Request, samples: bool, seats: int) -> list[Request]:
         """The followers that sample with ``request`` in this step: when this step gives the leader its
-        first token, its waiting followers up to ``seats`` (the free ``max_num_seqs`` seats, so that a
-        step never samples more rows than a full batch: n=128 on each of 128 prompts would otherwise
-        sample 16,384 rows from one step's logits), else none. The others compute their prompt (a
-        prefix-cache hit) and sample when admitted (``Scheduler._fork``)."""
+        first token, its waiting followers up to ``seats`` (the ``max_num_seqs`` seats not taken or
+        promised, so that a step samples at most ``max_num_seqs`` rows: n=128 on each of 128 prompts
+        sampled 16,384 rows of full-vocabulary logits in one step), else none. The others compute their
+        prompt (a prefix-cache hit for its full blocks) and sample when admitted (``Scheduler._fork``),
+        as vLLM V1's separate child requests do."""
         if not samples or request.num_output_tokens:
             return []
         return self._followers.get(request.request_id, [])[:max(seats, 0)]

@@ -197,7 +197,8 @@ class Scheduler:
         if self.lora_slots is not None and self.policy:  # some may wait behind the step's adapter limit
             lora_active = self.lora_slots.active_keys(self.running)
             order = order if order is not None else iter(self.policy.in_order())
-        while self.policy and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # seats promised to this step's forks count as taken: a step samples at most max_num_seqs rows
+        while self.policy and budget > 0 and len(self.running) + self._forks_granted < self.config.max_num_seqs:
             request = self.policy.peek() if order is None else next(order, None)
             if request is None:
                 break

@@ -150,3 +150,27 @@ def test_samples_beyond_max_num_seqs_wait_without_blocks():
         steps += 1
     assert all(c.num_output_tokens == 3 for c in children)
     assert scheduler.kv.num_free_blocks == 10
+
+
+def test_a_step_samples_at_most_max_num_seqs_rows():
+    """Forks take seats before new prompts: with 4 seats, the first prompt's 3 followers sample beside it and
+    the second prompt waits for a seat, so no step samples more than 4 rows."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    scheduler = Scheduler(config, KVCacheManager(20, 4))
+    for p in range(2):
+        children = [make_request(f"p{p}#{i}", 4 * p + i, list(range(6))) for i in range(4)]
+        scheduler.add_request(children[0], followers=children[1:])
+    rows, outputs = [], {}
+    while scheduler.num_unfinished:
+        out = scheduler.schedule()
+        rows.append(sum(len(item.sampling_requests) for item in out.scheduled))
+        update(scheduler, out, token_id=1)
+        for item in out.scheduled:
+            for r in item.sampling_requests:
+                outputs[r.request_id] = r.num_output_tokens
+                if r.num_output_tokens == 2:
+                    scheduler.finish_request(r, RequestStatus.FINISHED_LENGTH)
+    assert rows[0] == 4 and max(rows) <= 4
+    assert sorted(outputs) == sorted(f"p{p}#{i}" for p in range(2) for i in range(4))
+    assert set(outputs.values()) == {2}
+    assert scheduler.kv.num_free_blocks == 20
