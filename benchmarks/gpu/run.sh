@@ -32,7 +32,7 @@
 #                    (late_requests.py)
 #   late-profile     the same with 4 late requests, the third's calls from hand-over to first token under the torch
 #                    profiler (--profile-late 2): where a late request's TTFT goes
-#   window-target    engine-sized decode windows of at most WT ms (default 12) against the default 25: the late requests,
+#   window-target    engine-sized decode windows of at most WT ms (default 25) against the default (12): the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
@@ -187,12 +187,13 @@ for step in "$@"; do
       --num-late 4 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --profile-late 2 \
       --output-json "$(name late-requests-profile)" ;;
   window-target)
-    WT=${WT:-12}
+    WT=${WT:-25}
+    DEF=$($PY -c "from inference.sched.decode_windows import WINDOW_TARGET_S as t; print(round(1e3 * t))")
     run_step late-requests-wt$WT 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --window-target-ms $WT \
       --output-json "$(name late-requests-window-${WT}ms)"
     for r in ${WT_ROUNDS:-a b}; do
-      run_step w2-$r 200 $TP $W2 --output-json "$(name w2-window-25ms "" _$r)"
+      run_step w2-$r 200 $TP $W2 --output-json "$(name w2-window-${DEF}ms "" _$r)"
       run_step w2-wt$WT-$r 200 $TP $W2 --window-target-ms $WT --output-json "$(name w2-window-${WT}ms "" _$r)"
     done ;;
   quantization)
