@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from step_profile import TritonCompileWatch, profile_summary
-from throughput import (add_window_target_arg, add_workload_args, apply_window_target, make_llm, make_workload,
+from throughput import (add_engine_knob_args, add_workload_args, apply_engine_knobs, make_llm, make_workload,
                         warm_up, write_result)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -231,9 +231,9 @@ def main() -> None:
     parser.add_argument("--profile-late", type=int, default=None, metavar="K",
                         help="profile the calls from the flood pass's K-th late request's hand-over to its first token (GPU)")
     parser.add_argument("--output-json", default=None)
-    add_window_target_arg(parser)
+    add_engine_knob_args(parser)
     args = parser.parse_args()
-    apply_window_target(args)
+    apply_engine_knobs(args)
     if args.max_num_seqs is None:
         args.max_num_seqs = args.num_prompts + args.num_late
 
@@ -263,6 +263,7 @@ def main() -> None:
               "max_window": engine.config.scheduler.num_scheduler_steps,
               "window_target_ms": 1e3 * decode_windows.WINDOW_TARGET_S,
               "async_scheduling": engine.config.scheduler.async_scheduling,
+              "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
               "device": engine.config.device, "dtype": str(engine.config.dtype),
               "during_flood": during, "idle": idle,
               "ttft_p50_ratio": during["ttft_ms_p50"] / idle["ttft_ms_p50"],

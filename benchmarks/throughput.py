@@ -125,6 +125,7 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-", loras=loras)["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
     result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
+                   "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
                    "num_scheduler_steps": num_scheduler_steps or "auto",
                    "window_steps": {str(k): v for k, v in sorted(engine.window_steps.items())},
@@ -296,22 +297,29 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
 
 
-def add_window_target_arg(parser: argparse.ArgumentParser) -> None:
+def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
+    """Benchmark knobs that change module constants of the engine, for side-by-side runs."""
     parser.add_argument("--window-target-ms", type=float, default=None,
                         help="override the longest time an engine-sized decode window lasts "
                              "(decode_windows.WINDOW_TARGET_S; a benchmark knob)")
+    parser.add_argument("--no-piecewise-graphs", action="store_true",
+                        help="steps that compute prompt tokens run eagerly, not as piecewise CUDA graphs "
+                             "(runner/piecewise_graph.py; a benchmark knob)")
 
 
-def apply_window_target(args) -> None:
+def apply_engine_knobs(args) -> None:
     if args.window_target_ms is not None:
         from inference.sched import decode_windows
         decode_windows.WINDOW_TARGET_S = args.window_target_ms / 1000
+    if args.no_piecewise_graphs:
+        from inference.runner import piecewise_graph
+        piecewise_graph.ENABLED = False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(parser)
-    add_window_target_arg(parser)
+    add_engine_knob_args(parser)
     add_engine_args(parser)
     parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[None], metavar="N",
                         help="decode steps per host iteration (multi-step scheduling; default: the engine "
@@ -345,7 +353,7 @@ def main() -> None:
     if args.decode_programs_per_sm is not None:
         from inference.attention import triton_decode
         triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
-    apply_window_target(args)
+    apply_engine_knobs(args)
 
     from inference.model_loader import load_hf_config, resolve_model
     vocab = load_hf_config(resolve_model(args.model, load_format=args.load_format).model_dir).vocab_size

@@ -34,6 +34,9 @@
 #                    profiler (--profile-late 2): where a late request's TTFT goes
 #   window-target    engine-sized decode windows of at most WT ms (default 25) against the default (12): the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
+#   piecewise        the piecewise-graph tests, then the late requests and W2 with steps that compute prompt tokens
+#                    eager (--no-piecewise-graphs) and as piecewise CUDA graphs (the default), alternating, rounds
+#                    PW_ROUNDS (default "a")
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
 #                    in both orders (pairs a and b)
 #   kernels          the kernel microbenchmarks (kernel_bench.py) and the launch floor of a CUDA graph (launch_floor.py)
@@ -142,7 +145,7 @@ for step in "$@"; do
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_fp8.py tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_w4a16.py \
       tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py \
-      tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py
+      tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py tests/inference/test_piecewise_graph.py
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
   lora-tests)
     $PY -m pip install -q --no-index --no-deps --target /tmp/site-test .gpuserve/whl-test/*.whl
@@ -195,6 +198,19 @@ for step in "$@"; do
     for r in ${WT_ROUNDS:-a b}; do
       run_step w2-$r 200 $TP $W2 --output-json "$(name w2-window-${DEF}ms "" _$r)"
       run_step w2-wt$WT-$r 200 $TP $W2 --window-target-ms $WT --output-json "$(name w2-window-${WT}ms "" _$r)"
+    done ;;
+  piecewise)
+    TESSERA_TEST_TOKENIZER=.gpucache/smollm2-tok run_step piecewise-tests 200 $PY -m pytest -q -p no:cacheprovider \
+      tests/inference/test_piecewise_graph.py
+    for r in ${PW_ROUNDS:-a}; do
+      run_step late-requests-eager-$r 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+        --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --no-piecewise-graphs \
+        --output-json "$(name late-requests-no-piecewise "" _$r)"
+      run_step late-requests-$r 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+        --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 \
+        --output-json "$(name late-requests-piecewise "" _$r)"
+      run_step w2-eager-$r 200 $TP $W2 --no-piecewise-graphs --output-json "$(name w2-no-piecewise "" _$r)"
+      run_step w2-$r 200 $TP $W2 --output-json "$(name w2-piecewise "" _$r)"
     done ;;
   quantization)
     run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \

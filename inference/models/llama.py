@@ -47,8 +47,11 @@ class DecoderAttention(nn.Module):
         self.k_scale = self.v_scale = 1.0  # an FP8 KV cache's scales (inference.attention.kv_scales)
         self.kv_amax: torch.Tensor | None = None  # [2] float32 while the scales are calibrated
 
-    def forward(self, rope: RotaryPositions, x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, rope: RotaryPositions, x: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's queries ``[T, Hq, D]``, keys and values ``[T, Hk, D]`` (rotary applied), model dtype.
+        On the Triton backend the keys and values are also stored in ``kv_cache`` here (through
+        ``meta.slot_mapping`` only: the rest of ``meta`` is not read, so piecewise CUDA graphs capture this)."""
         num_tokens = x.codes.shape[0] if hasattr(x, "codes") else x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -61,11 +64,19 @@ class DecoderAttention(nn.Module):
         # With the Triton backend the rotary layer stores the step's keys and values (on CUDA in its own
         # kernel: one launch less a layer).
         fused_store = meta.backend == "triton"
-        q, k = self.rotary(rope, q, k, (v, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale)
-                           if fused_store else None)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=fused_store, k_scale=self.k_scale,
-                              v_scale=self.v_scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return (*self.rotary(rope, q, k, (v, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+                             if fused_store else None), v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+               meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of :meth:`project`'s output over the paged cache: ``[T, Hq, D]`` (into ``out`` if given)."""
+        return paged_attention(q, k, v, kv_cache, meta, self.scale, kv_stored=meta.backend == "triton",
+                               k_scale=self.k_scale, v_scale=self.v_scale, out=out)
+
+    def forward(self, rope: RotaryPositions, x: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.project(rope, x, kv_cache, meta)
+        return self.o_proj(self.attend(q, k, v, kv_cache, meta).reshape(q.shape[0], self.q_size))
 
 
 class GatedMLP(nn.Module):
@@ -91,7 +102,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, rope, hidden, residual, kv_cache, meta):
+    def before_attention(self, rope, hidden, residual, kv_cache, meta):
+        """The input norm and the attention's projections: ``(q, k, v, residual)`` (see
+        ``DecoderAttention.project``); ``residual`` None in the first layer (``hidden`` is the embedding)."""
         # An FP8 layer after a norm gets its input quantized by the norm's kernel (Fp8Activation).
         fp8_qkv = getattr(self.self_attn.qkv_proj, "takes_fp8_activations", False)
         if residual is None:
@@ -99,10 +112,20 @@ class DecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden, fp8_out=fp8_qkv)
         else:
             hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
-        hidden = self.self_attn(rope, hidden, kv_cache, meta)
+        return (*self.self_attn.project(rope, hidden, kv_cache, meta), residual)
+
+    def after_attention(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``attn [T, Hq * D]`` through ``o_proj``, the residual add, the post-attention norm and the MLP:
+        ``(hidden, residual)`` ``[T, H]``."""
         hidden, residual = self.post_attention_layernorm(
-            hidden, residual, fp8_out=getattr(self.mlp.gate_up_proj, "takes_fp8_activations", False))
+            self.self_attn.o_proj(attn), residual,
+            fp8_out=getattr(self.mlp.gate_up_proj, "takes_fp8_activations", False))
         return self.mlp(hidden), residual
+
+    def forward(self, rope, hidden, residual, kv_cache, meta):
+        q, k, v, residual = self.before_attention(rope, hidden, residual, kv_cache, meta)
+        attn = self.self_attn.attend(q, k, v, kv_cache, meta)
+        return self.after_attention(attn.reshape(q.shape[0], self.self_attn.q_size), residual)
 
 
 class DecoderModel(nn.Module):
@@ -147,13 +170,18 @@ class LlamaFamilyForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb.at(positions, hidden.dtype)  # the tables' rows, gathered once for all layers
+        hidden, rope = self.embed(input_ids, positions)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, RotaryPositions]:
+        """The tokens' embeddings ``[T, H]`` and their rotary positions (the tables' rows on the PyTorch path,
+        gathered once for all layers)."""
+        hidden = self.model.embed_tokens(input_ids)
+        return hidden, self.model.rotary_emb.at(positions, hidden.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return parallel_logits(hidden, self.lm_head_weight, self.config.vocab_size, self.tp)

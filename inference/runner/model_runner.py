@@ -104,6 +104,7 @@ class ModelRunner:
         self.attention_backend = resolve_backend(config.attention_backend, self.device)
         self.graph_runner = None
         self.window_graphs = None
+        self.piecewise_graphs = None
         self._graph_sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
         self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
         self.kv_scales = self._kv_scales(config)  # before the graphs capture them
@@ -146,11 +147,12 @@ class ModelRunner:
 
     def _capture_graphs(self, config: EngineConfig, tp: TensorParallelGroup) -> None:
         """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
-        graphs); log how long that took and the device memory it took, as vLLM does."""
+        graphs; on one rank without LoRA, the piecewise graphs of steps that compute prompt tokens); log how
+        long that took and the device memory it took, as vLLM does."""
         started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         if self.lora is not None:  # the graphs launch the LoRA kernels in every step, with adapters or not
             self.lora.batch.static = True
-        from . import window_graph  # noqa: PLC0415
+        from . import piecewise_graph, window_graph  # noqa: PLC0415
         from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
         max_blocks = -(-config.max_model_len // self.block_size)
         self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
@@ -160,8 +162,15 @@ class ModelRunner:
             self.window_graphs = window_graph.DecodeWindowGraphs(
                 self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
             self.window_graphs.capture()
+        if tp.world_size == 1 and self.lora is None and piecewise_graph.ENABLED:
+            self.piecewise_graphs = piecewise_graph.PiecewiseGraphRunner(
+                self.model, self.kv_caches, piecewise_graph.piecewise_token_sizes(
+                    config.scheduler.max_num_batched_tokens), self.block_size, self.attention_backend)
+            self.piecewise_graphs.capture()
         self.graph_memory_bytes = max(free_before - torch.cuda.mem_get_info(self.device)[0], 0)
-        windows = f" and windows of {config.scheduler.num_scheduler_steps} steps" if self.window_graphs else ""
+        windows = f", windows of {config.scheduler.num_scheduler_steps} steps" if self.window_graphs else ""
+        if self.piecewise_graphs is not None:
+            windows += f" and piecewise graphs for {len(self.piecewise_graphs.sizes)} token counts"
         logger.info("CUDA graphs captured for %d batch sizes%s in %.1f s; they took %.2f GiB",
                     len(self.graph_runner.sizes), windows, time.perf_counter() - started,
                     self.graph_memory_bytes / GiB)
@@ -291,6 +300,8 @@ class ModelRunner:
         """Hidden states ``[T, H]`` of the step's tokens (a CUDA graph replay where one fits)."""
         if self.graph_runner is not None and self.graph_runner.can_run(inputs):
             return self.graph_runner.run(inputs)
+        if self.piecewise_graphs is not None and self.piecewise_graphs.can_run(inputs):
+            return self.piecewise_graphs.run(inputs)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
 
     def _decode_and_sample(self, inputs, sampling_meta: SamplingMetadata) -> torch.Tensor:
@@ -367,6 +378,8 @@ class ModelRunner:
         ranks call it before tearing down their communicators (see ``CudaGraphRunner.release``)."""
         if self.window_graphs is not None:
             self.window_graphs.release()
+        if self.piecewise_graphs is not None:
+            self.piecewise_graphs.release()
         if self.graph_runner is not None:
             self.graph_runner.release()
 
