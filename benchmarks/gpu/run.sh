@@ -34,7 +34,7 @@
 #                    profiler (--profile-late 2): where a late request's TTFT goes
 #   window-target    engine-sized decode windows of at most WT ms (default 25) against the default (12): the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
-#   piecewise        the piecewise-graph tests, then the late requests and W2 with steps that compute prompt tokens
+#   piecewise        the piecewise-graph tests, then the late requests, W2 and W1 with steps that compute prompt tokens
 #                    eager (--no-piecewise-graphs) and as piecewise CUDA graphs (the default), alternating, rounds
 #                    PW_ROUNDS (default "a")
 #   quantization     decode-step latency of bf16, AWQ, GPTQ and FP8 at batch 1/8/32, then W1 bf16 and FP8
@@ -211,6 +211,8 @@ for step in "$@"; do
         --output-json "$(name late-requests-piecewise "" _$r)"
       run_step w2-eager-$r 200 $TP $W2 --no-piecewise-graphs --output-json "$(name w2-no-piecewise "" _$r)"
       run_step w2-$r 200 $TP $W2 --output-json "$(name w2-piecewise "" _$r)"
+      run_step w1-eager-$r 200 $TP $W1 --no-piecewise-graphs --output-json "$(name w1-no-piecewise "" _$r)"
+      run_step w1-$r 200 $TP $W1 --output-json "$(name w1-piecewise "" _$r)"
     done ;;
   quantization)
     run_step quant-decode 300 $PY benchmarks/quantization.py --model $M7 --skip-throughput --decode-steps 32 \

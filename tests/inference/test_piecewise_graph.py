@@ -63,8 +63,6 @@ def _generate(folder, prompts, params, piecewise: bool) -> tuple[list, list]:
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
     llm.close()
-    del llm, runner
-    free_device_memory()
     return [o.outputs[0].token_ids for o in outs], steps
 
 
@@ -78,7 +76,9 @@ def test_piecewise_graphs_give_the_eager_greedy_tokens(tmp_path, smollm2_tokeniz
     prompts.append(list(prompts[1]))  # a prefix-cache hit: its full blocks are not recomputed
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 7, 15, 9, 11, 6)]
     expected, _ = _generate(folder, prompts, params, piecewise=False)
+    free_device_memory()  # the engine is dropped once _generate returns
     got, steps = _generate(folder, prompts, params, piecewise=True)
+    free_device_memory()
     assert got == expected
     assert steps, "no step ran through the pieces"
     sizes = piecewise_token_sizes(48)
