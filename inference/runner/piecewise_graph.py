@@ -24,6 +24,11 @@ bucket) have slot -1 (the store skips them) and position 0; attention never read
 operation treats rows independently, so they never touch the real rows. Buckets: 8, 16, 24, 32, every 32
 up to 256, every 64 up to 512 (vLLM captures up to 512 tokens by default too), at most
 ``max_num_batched_tokens``; larger steps run eagerly (their kernels outlast the host's launches).
+
+What the graphs fix at capture: the layers' weights, the KV cache tensors and an FP8 cache's scales (set
+before capture, never changed after). Kernels that are chosen by row count (cuBLAS's algorithms, the W4A16
+paths) are chosen by the bucket's, so a step's last bits can differ from an eager step of its exact size, as
+they differ between eager batches of different sizes; the greedy tokens of ``gpu_check.py`` are the same.
 """
 from __future__ import annotations
 

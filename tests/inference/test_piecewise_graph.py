@@ -42,7 +42,8 @@ def _llm(folder, **kw) -> LLM:
 
 
 def _generate(folder, prompts, params, piecewise: bool) -> tuple[list, list]:
-    """Token ids per prompt and the token counts of the steps the pieces ran; the eager engine otherwise."""
+    """Per prompt its token ids and prompt logprobs (where asked for); the (token count, leading decodes) of
+    the steps the pieces ran; the eager engine otherwise."""
     llm = _llm(folder) if piecewise and HAS_CUDA else _llm(folder, enforce_eager=True)
     runner = llm.llm_engine.runner
     steps: list[int] = []
@@ -56,25 +57,33 @@ def _generate(folder, prompts, params, piecewise: bool) -> tuple[list, list]:
         original = pieces.run
 
         def counted(inputs):
-            steps.append(inputs.input_ids.shape[0])
+            steps.append((inputs.input_ids.shape[0], inputs.meta.num_leading_decodes))
             return original(inputs)
         pieces.run = counted
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
     llm.close()
-    return [o.outputs[0].token_ids for o in outs], steps
+    return [(o.outputs[0].token_ids, _rounded(o.prompt_logprobs)) for o in outs], steps
+
+
+def _rounded(prompt_logprobs) -> list | None:
+    if prompt_logprobs is None:
+        return None
+    return [None if p is None else {t: round(lp.logprob, 3) for t, lp in p.items()} for p in prompt_logprobs]
 
 
 @pytest.mark.timeout(900)
 def test_piecewise_graphs_give_the_eager_greedy_tokens(tmp_path, smollm2_tokenizer):
     """Prompts of 5-70 tokens into 48-token steps: chunked prompts beside running decodes (mixed steps),
-    step sizes between buckets (padding rows), and a repeated prompt served from the prefix cache."""
+    step sizes between buckets (padding rows), a repeated prompt served from the prefix cache, and prompt
+    logprobs (read from the pieces' hidden states of every prompt row)."""
     folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
     rng = random.Random(7)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 70, 13, 33, 21)]
     prompts.append(list(prompts[1]))  # a prefix-cache hit: its full blocks are not recomputed
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 7, 15, 9, 11, 6)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, prompt_logprobs=2 if n == 9 else None)
+              for n in (12, 7, 15, 9, 11, 6)]
     expected, _ = _generate(folder, prompts, params, piecewise=False)
     free_device_memory()  # the engine is dropped once _generate returns
     got, steps = _generate(folder, prompts, params, piecewise=True)
@@ -82,8 +91,9 @@ def test_piecewise_graphs_give_the_eager_greedy_tokens(tmp_path, smollm2_tokeniz
     assert got == expected
     assert steps, "no step ran through the pieces"
     sizes = piecewise_token_sizes(48)
-    assert any(n not in sizes for n in steps), f"no padded bucket among step sizes {steps}"
-    assert any(1 < n < 48 for n in steps)
+    assert any(n not in sizes for n, _ in steps), f"no padded bucket among steps {steps}"
+    assert any(decodes > 0 for _, decodes in steps), f"no step prefilled beside running decodes: {steps}"
+    assert got[3][1] is not None and len(got[3][1]) == len(prompts[3])
 
 
 def test_token_buckets_stop_at_the_step_budget():
