@@ -147,7 +147,7 @@ class ModelRunner:
 
     def _capture_graphs(self, config: EngineConfig, tp: TensorParallelGroup) -> None:
         """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
-        graphs; on one rank without LoRA, the piecewise graphs of steps that compute prompt tokens); log how
+        graphs; on one rank, the piecewise graphs of steps that compute prompt tokens); log how
         long that took and the device memory it took, as vLLM does."""
         started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         if self.lora is not None:  # the graphs launch the LoRA kernels in every step, with adapters or not
@@ -162,7 +162,7 @@ class ModelRunner:
             self.window_graphs = window_graph.DecodeWindowGraphs(
                 self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
             self.window_graphs.capture()
-        if tp.world_size == 1 and self.lora is None and piecewise_graph.ENABLED:
+        if tp.world_size == 1 and piecewise_graph.ENABLED:
             self.piecewise_graphs = piecewise_graph.PiecewiseGraphRunner(
                 self.model, self.kv_caches, piecewise_graph.piecewise_token_sizes(
                     config.scheduler.max_num_batched_tokens), self.block_size, self.attention_backend)
