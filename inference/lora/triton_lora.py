@@ -29,7 +29,7 @@ def _lora_shrink_kernel(
     sorted_rows_ptr,  # [>= T] int32 token rows grouped by slot
     tiles_ptr,        # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     K, R, k_per_split, stride_xm, stride_as, stride_ar, stride_pk, stride_pm,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Program (row tile, K slice, rank tile): the tile's rows over one slice of K.
     pid_t, pid_k, pid_r = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -52,7 +52,7 @@ def _lora_shrink_kernel(
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             a = tl.load(a_ptr + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
                         mask=mask_r[None, :] & mask_k[:, None], other=0.0)  # [BLOCK_K, BLOCK_R]
-            acc += tl.dot(x, a)
+            acc += tl.dot(x, a, input_precision=DOT_PRECISION)
         tl.store(part_ptr + pid_k * stride_pk + rows[:, None] * stride_pm + offs_r[None, :], acc,
                  mask=mask_m[:, None] & mask_r[None, :])
 
@@ -67,7 +67,7 @@ def _lora_expand_kernel(
     tiles_ptr,         # [>= grid 0, 3] int32 (slot, first, end) positions in sorted_rows; first == end: empty
     slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
     r_max, stride_sm, stride_s_slot, stride_bs, stride_bn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Program (row tile, column tile, slice).
     pid_t, pid_n, piece = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -89,7 +89,7 @@ def _lora_expand_kernel(
                     mask=mask_m[:, None] & mask_j[None, :], other=0.0)
         b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_j[:, None],
                     mask=mask_j[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
-        acc = tl.dot(s.to(b.dtype), b)
+        acc = tl.dot(s.to(b.dtype), b, input_precision=DOT_PRECISION)
         out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
         out = tl.load(out_ptrs, mask=mask, other=0.0)
@@ -107,6 +107,7 @@ def _lora_expand_all_slots_kernel(
     slice_starts_ptr,  # [num_slices + 1] int32 column offsets of the slices in out
     T, N, r_max, num_slots, num_slices, stride_ym, stride_bs, stride_bn, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Program (row tile, column tile, slice): rows in their own order, each reading only its own slot's shrink
     # columns (the others are masked to zero), against the stacked B of every slot.
@@ -129,13 +130,19 @@ def _lora_expand_all_slots_kernel(
                     mask=mask_m[:, None] & mask_c[None, :] & (c_slot[None, :] == slot[:, None]), other=0.0)
         b = tl.load(b_ptr + c_slot[:, None] * stride_bs + offs_n[None, :] * stride_bn + c_j[:, None],
                     mask=mask_c[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_C, BLOCK_N]
-        acc = tl.dot(s.to(b.dtype), b)
+        acc = tl.dot(s.to(b.dtype), b, input_precision=DOT_PRECISION)
         mask = mask_m[:, None] & mask_n[None, :]
         acc += tl.load(y_ptr + rows + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 models multiply in full float32 ("ieee"), as the attention and W4A16 kernels do; Triton's
+    # default for float32 operands is TF32 (10 mantissa bits), 1e-3 off the PyTorch path on a GPU.
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _block_r(width: int) -> int:
@@ -172,7 +179,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, sorted_rows: torch.Tensor, til
     grid = (max_tiles(num_tokens, num_slots), split_k, triton.cdiv(r, block_r))
     _lora_shrink_kernel[grid](x, a, part, sorted_rows, tiles, k, r, k_per_split, x.stride(0), a.stride(0),
                               a.stride(1), part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_R=block_r,
-                              BLOCK_K=BLOCK_K)
+                              BLOCK_K=BLOCK_K, DOT_PRECISION=_dot_precision(x.dtype))
     return part[0] if split_k == 1 else part.sum(0)
 
 
@@ -206,7 +213,7 @@ def lora_expand_(out: torch.Tensor, s: torch.Tensor, b: torch.Tensor, sorted_row
     grid = (max_tiles(num_tokens, b.shape[0]), triton.cdiv(max_slice_width, BLOCK_N), num_slices)
     _lora_expand_kernel[grid](s, b, out, sorted_rows, tiles, slice_starts, r_max, s.stride(0), slot_stride,
                               b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                              BLOCK_R=_block_r(r_max))
+                              BLOCK_R=_block_r(r_max), DOT_PRECISION=_dot_precision(b.dtype))
 
 
 def lora_expand_all_slots(y: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, row_slots: torch.Tensor,
@@ -232,5 +239,5 @@ def lora_expand_all_slots(y: torch.Tensor, b: torch.Tensor, bias: torch.Tensor |
     _lora_expand_all_slots_kernel[grid](
         y, b, y if bias is None else bias, row_slots, out, slice_starts, num_tokens, n, r_max, num_slots,
         num_slices, y.stride(0), b.stride(0), b.stride(1), out.stride(0), HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_C=_block_r(num_slots * r_max))
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_C=_block_r(num_slots * r_max), DOT_PRECISION=_dot_precision(b.dtype))
     return out
