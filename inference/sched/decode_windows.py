@@ -35,7 +35,7 @@ MAX_SCHEDULER_STEPS = 64  # longest window (tokens of KV reserved ahead per requ
 AUTO_MAX_WINDOW = 8  # longest window the engine chooses itself (no --num-scheduler-steps)
 # Seconds an engine-sized window lasts at most: what a new request may wait (twice with the window launched
 # ahead). On the H100, 12 ms against 25 ms: W2 3% slower (58,954 / 58,791 against 60,694 / 60,651 output tok/s,
-# windows of 4 steps instead of 8) and late requests into W2 at p99 33.8-34.5 against 44.2 ms after the step
+# windows of 4 steps instead of 8) and late requests into W2 at p99 33.8-35.6 against 44.2 ms after the step
 # boundary; W3 (7B, about 8.7 ms a step) unchanged, 8.68 against 8.69 ms median TPOT
 # (late-requests-window-12ms_h100_2026-12-06.json, w2-window-*_h100_2026-12-06_*.json, w3*_h100_2026-12-06.json).
 WINDOW_TARGET_S = 0.012
