@@ -10,7 +10,9 @@ offline throughput of FP8 against bf16 (``benchmarks/throughput.py``'s machinery
 
 Decode latency: ``batch`` requests with ``--prompt-len``-token prompts are admitted; once every request
 has its first token (all later steps are pure decode, replayed from CUDA graphs unless --enforce-eager),
-``--decode-steps`` engine steps are timed and averaged. Weight memory (GiB, and the ratio to bf16) comes
+the time of ``--decode-steps`` more tokens per request is divided by the tokens: a decode step's time
+per token, whatever decode windows (several steps per ``engine.step()``, on by default) the engine chose;
+the windows' lengths are recorded per batch size. Weight memory (GiB, and the ratio to bf16) comes
 from each engine's start-up. Writes JSON with the exact command to benchmarks/results/ after each phase
 (kernels, decode, W1), so a run cut short keeps what it measured, and prints a summary at the end.
 Kernel microbenchmarks need CUDA and are skipped on CPU.
@@ -18,6 +20,7 @@ Kernel microbenchmarks need CUDA and are skipped on CPU.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import shlex
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.quantization import weight_memory  # noqa: E402
+from inference.sched.decode_windows import AUTO_MAX_WINDOW  # noqa: E402
 
 from quant_kernels import model_config, run_microbenchmarks  # noqa: E402
 from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
@@ -44,32 +48,44 @@ def _quantization(method: str) -> str | None:
 def decode_latency(args, method: str) -> dict:
     """Mean seconds per decode step for each batch size, and the engine's weight memory."""
     llm = LLM(model=args.model, load_format="dummy", dtype="bfloat16", quantization=_quantization(method),
-              max_model_len=args.prompt_len + args.decode_steps + 64, max_num_seqs=max(args.batch_sizes),
+              max_model_len=args.prompt_len + args.decode_steps + 64 + 2 * AUTO_MAX_WINDOW, max_num_seqs=max(args.batch_sizes),
               enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
     engine = llm.llm_engine
     memory = weight_memory(engine.runner.model)
     result = {"weights_GiB": memory.total_bytes / 2 ** 30, "weights_ratio_to_bf16": memory.total_ratio,
-              "linear_weights_ratio_to_bf16": memory.quantized_ratio, "step_ms": {}}
+              "linear_weights_ratio_to_bf16": memory.quantized_ratio, "step_ms": {},
+              "window_steps": {}}
     g = torch.Generator().manual_seed(0)
     vocab = engine.config.hf_config.vocab_size
     for batch in args.batch_sizes:
-        max_tokens = args.decode_steps + 8
+        # Room for the timed tokens plus the windows in flight when timing starts and ends.
+        max_tokens = args.decode_steps + 3 + 2 * AUTO_MAX_WINDOW
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for i in range(batch):
             engine.add_request(f"{method}-{batch}-{i}", torch.randint(100, vocab - 100, (args.prompt_len,),
                                                                        generator=g).tolist(), params)
         produced: dict[str, int] = {}
-        while len(produced) < batch or min(produced.values()) < 3:  # prefill done, decode warmed up
+
+        def advance() -> None:
             for out in engine.step():
                 produced[out.request_id] = len(out.outputs[0].token_ids) + produced.get(out.request_id, 0)
+
+        while len(produced) < batch or min(produced.values()) < 3:  # prefill done, decode warmed up
+            advance()
+        windows = collections.Counter(engine.window_steps)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        before = dict(produced)
         start = time.perf_counter()
-        for _ in range(args.decode_steps):
-            engine.step()
+        # Decode windows (several steps per engine.step()) are on by default: time tokens, not calls.
+        while min(produced[r] - before[r] for r in before) < args.decode_steps:
+            advance()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        result["step_ms"][str(batch)] = 1000 * (time.perf_counter() - start) / args.decode_steps
+        tokens = min(produced[r] - before[r] for r in before)
+        result["step_ms"][str(batch)] = 1000 * (time.perf_counter() - start) / tokens
+        result["window_steps"][str(batch)] = {str(k): v for k, v in
+                                             sorted((collections.Counter(engine.window_steps) - windows).items())}
         while engine.has_unfinished_requests():
             engine.step()
         print(f"{method:>5} batch {batch:3d}: {result['step_ms'][str(batch)]:.3f} ms/step", flush=True)
