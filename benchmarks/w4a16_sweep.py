@@ -54,7 +54,7 @@ SHAPES = {"gate_up": (3584, 37888), "down": (18944, 3584), "qkv": (3584, 4608), 
 SMOKE_SHAPES = {"qkv": (256, 192), "down": (384, 128)}
 ROWS = (1, 8, 16, 32, 64, 256, 2048)
 SMOKE_ROWS = (1, 16, 64, 130)
-SWEEP_ROWS = (1, 64)
+SWEEP_ROWS = (1, 8, 16, 32, 64)
 CHECK_ROWS = (1, 16, 64, 256)  # the decode kernel's 16- and 64-row blocks, the GEMM and dequantize paths
 ROTATE_BYTES = 256 << 20
 GROUP = 128
@@ -210,7 +210,13 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     base = decode_config(M, N, K, num_sms)
     configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
                "split_half": replace(base, split_k=max(1, base.split_k // 2)),
-               "ones_mma": replace(base, zero_in_regs=False)}
+               "ones_mma": replace(base, zero_in_regs=False, x_sums=False),
+               "x_sums": replace(base, zero_in_regs=False, x_sums=True),
+               "zero_in_regs": replace(base, zero_in_regs=True),
+               "x_sums_n128": replace(base, block_n=128, zero_in_regs=False, x_sums=True),
+               "zero_in_regs_n128": replace(base, block_n=128, zero_in_regs=True),
+               "x_sums_n256_w8": replace(base, block_n=256, num_warps=8, zero_in_regs=False, x_sums=True),
+               "zero_in_regs_n256_w8": replace(base, block_n=256, num_warps=8, zero_in_regs=True)}
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"

@@ -43,6 +43,9 @@
 #   w4a16            the W4A16 paths (decode kernel, GEMM kernel, dequantize + cuBLAS) checked in fp16 and bf16 and
 #                    timed against bf16 on the Qwen2.5-7B linear shapes at 1-2,048 rows, with a few decode-kernel
 #                    configs (w4a16_sweep.py; about 3-4 minutes on a fresh machine)
+#   w4a16-decode     decode-step latency (per token) of bf16 and AWQ on the Qwen2.5-7B shape at batch 1/8/16/32/64
+#                    (issue goals: >= 2.2x bf16 at 1-16, >= 1.5x at 32/64)
+#   w4a16-profile    kernel tables of 16 decode steps of bf16 and AWQ at batch 1 and 16: where the step goes
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
 #   w3-decode-sweep  the decode attention kernel's launch grid (splits, keys per iteration, warps, stages) at W3's
 #                    point (50 requests of 1,500-2,500 tokens), bf16 and FP8 caches (decode_sweep.py)
@@ -224,6 +227,15 @@ for step in "$@"; do
   kernels)
     run_step kernels 300 $PY benchmarks/kernel_bench.py --out "$(name kernels)"
     run_step launch-floor 120 $PY benchmarks/launch_floor.py --output-json "$(name launch-floor)" ;;
+  w4a16-decode) run_step w4a16-decode 300 $PY benchmarks/quantization.py --model $M7 --methods bf16 awq \
+      --batch-sizes 1 8 16 32 64 --skip-kernels --skip-throughput --decode-steps 64 \
+      --output-json "$(name decode-w4a16 "" ${RUN_SUFFIX:-})" ;;
+  w4a16-profile)
+    for q in bf16 awq; do for b in 1 16; do
+      run_step w4a16-profile-$q-$b 200 $TP --model $M7 --num-prompts $b --input-len 128 --output-len 512 \
+        --max-model-len 1024 $([ $q = awq ] && echo --quantization awq) --profile-steps 16 \
+        --output-json "$(name decode-kernel-profile-$q-b$b)"
+    done; done ;;
   w4a16) run_step w4a16 270 $PY benchmarks/w4a16_sweep.py --output-json "$(name w4a16-sweep)" ;;
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"

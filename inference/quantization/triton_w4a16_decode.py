@@ -224,6 +224,18 @@ def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _code_pairs(w, MAGIC: tl.constexpr):
+    # (w & 0x000F000F) | OFFSET's bits in both halves: two 16-bit floats OFFSET + code, one lop3 (0xEA: a & b | c).
+    if MAGIC == 0x4300:  # bfloat16 128.0
+        out = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x43004300, 0xEA;", "=r,r", [w],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+    else:                # float16 1024.0
+        out = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x64006400, 0xEA;", "=r,r", [w],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
 def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
                   BF16: tl.constexpr = False, ASM: tl.constexpr = False):
     # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
@@ -233,15 +245,20 @@ def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.co
     # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
     # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
     w = tl.reshape(words, (BLOCK_N, 2, 8))
-    pairs = tl.join(tl.join(w & 0x000F000F, (w >> 4) & 0x000F000F),
-                    tl.join((w >> 8) & 0x000F000F, (w >> 12) & 0x000F000F))      # [BN, h, p, j0, j1]
+    if ASM and not FP32:  # mask and OFFSET in one lop3 (ptxas does not merge an AND and an OR of two constants)
+        pairs = tl.join(tl.join(_code_pairs(w, MAGIC), _code_pairs(w >> 4, MAGIC)),
+                        tl.join(_code_pairs(w >> 8, MAGIC), _code_pairs(w >> 12, MAGIC)))
+    else:
+        pairs = tl.join(tl.join(w & 0x000F000F, (w >> 4) & 0x000F000F),
+                        tl.join((w >> 8) & 0x000F000F, (w >> 12) & 0x000F000F))  # [BN, h, p, j0, j1]
+        if not FP32:
+            pairs = pairs | (MAGIC * 0x10001)
     if FP32:
         rows = tl.join(((pairs & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
                        ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
         if zero is not None:
             rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
     else:
-        pairs = pairs | (MAGIC * 0x10001)
         if zero is not None:
             zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
             pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
@@ -271,7 +288,7 @@ def _w4a16_decode_tile_kernel(
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, ASM: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, X_SUMS: tl.constexpr, ASM: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
@@ -308,14 +325,20 @@ def _w4a16_decode_tile_kernel(
                 acc += tl.dot(a.to(xt.dtype, bitcast=True), xt) * s[:, None]        # a = code - zero, exact
         elif xt.dtype == tl.float32:
             a = _tile_operand(words, MAGIC, BLOCK_N, True)
-            ones = tl.full((BLOCK_N, 128), 1.0, tl.float32)
             part = tl.dot(a, xt, input_precision="ieee")
-            acc += part * s[:, None] - tl.dot(ones, xt, input_precision="ieee") * zs[:, None]
+            if X_SUMS:
+                sums = tl.sum(xt, axis=0)[None, :]
+            else:
+                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32), xt, input_precision="ieee")
+            acc += part * s[:, None] - sums * zs[:, None]
         else:
-            a = _tile_operand(words, MAGIC, BLOCK_N, False)
-            ones = tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype)
+            a = _tile_operand(words, MAGIC, BLOCK_N, False, ASM=ASM)
             part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                         # exact OFFSET + code
-            acc += part * s[:, None] - tl.dot(ones, xt) * (OFFSET * s + zs)[:, None]
+            if X_SUMS:
+                sums = tl.sum(xt.to(tl.float32), axis=0)[None, :]
+            else:
+                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
+            acc += part * s[:, None] - sums * (OFFSET * s + zs)[:, None]
         xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
@@ -397,7 +420,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
-        kernel, meta["ZERO_IN_REGS"] = _w4a16_decode_tile_kernel, config.zero_in_regs
+        kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
         meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
