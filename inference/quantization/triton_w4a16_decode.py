@@ -289,6 +289,7 @@ def _w4a16_decode_tile_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, X_SUMS: tl.constexpr, ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
@@ -309,13 +310,21 @@ def _w4a16_decode_tile_kernel(
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
     xt = _x_tile(x_ptr, perm_ptr, first, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     w_ptrs = qweight_ptr + (first * 16 + tl.arange(0, 16))[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, 16]
+    if PREFETCH:
+        s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, (first * 128) // GROUP_SIZE, offs_n, mask_n,
+                                                N, EVEN_N)
     for t in range(first, last):
         if EVEN_N:
             words = tl.load(w_ptrs)
         else:
             words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
         w_ptrs += 16 * N
-        s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
+        if PREFETCH:  # this tile's group parameters were loaded during the last tile; load the next tile's now
+            s, zs, z = s_next, zs_next, z_next
+            s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t + 1) * 128 // GROUP_SIZE, G - 1),
+                                                    offs_n, mask_n, N, EVEN_N)
+        else:
+            s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
         if ZERO_IN_REGS:
             if xt.dtype == tl.float32:
                 a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
@@ -421,6 +430,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
+        meta["PREFETCH"] = config.prefetch
         meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group

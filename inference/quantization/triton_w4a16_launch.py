@@ -55,6 +55,7 @@ class DecodeConfig:
     tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
     zero_in_regs: bool = True  # tile kernel: zero point subtracted before the MMA, not by a second MMA
     x_sums: bool = False  # tile kernel without zero_in_regs: each tile's sum(x) from the x tile, not an all-ones MMA
+    prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
