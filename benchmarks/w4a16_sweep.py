@@ -216,10 +216,6 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
                "x_sums_n128": replace(base, block_n=128, zero_in_regs=False, x_sums=True),
                "zero_in_regs_n128": replace(base, block_n=128, zero_in_regs=True),
                "no_prefetch": replace(base, prefetch=False),
-               "scale_in_regs": replace(base, scale_in_regs=True),
-               "scale_in_regs_n128": replace(base, block_n=128, scale_in_regs=True),
-               "scale_in_regs_split_x2": replace(base, split_k=base.split_k * 2, scale_in_regs=True),
-               "scale_in_regs_split_half": replace(base, split_k=max(1, base.split_k // 2), scale_in_regs=True),
                "x_sums_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=False, x_sums=True),
                "zero_in_regs_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=True)}
     out = {}

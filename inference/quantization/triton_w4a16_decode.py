@@ -204,37 +204,21 @@ def _w4a16_decode_kernel(
 
 
 @triton.jit
-def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr, scale_pairs=None):
+def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
     # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact), as
-    # one packed subtraction; with ``scale_pairs`` (the group's scale in both halves, in the activations'
-    # dtype) then times the scale, one packed multiplication: the dequantized weight rounded once to the
-    # activations' dtype. ASM: the PTX instructions (compiled kernels); else the same bits computed element
-    # by element (Triton's interpreter, which runs no PTX).
+    # one packed subtraction. ASM: the PTX instruction (compiled kernels); else the same bits computed
+    # element by element (Triton's interpreter, which runs no PTX).
     if ASM:
-        if scale_pairs is None:
-            if BF16:
-                out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                                dtype=tl.int32, is_pure=True, pack=1)
-            else:
-                out = tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                                dtype=tl.int32, is_pure=True, pack=1)
-        elif BF16:
-            out = tl.inline_asm_elementwise(
-                "{ .reg .b32 d; sub.rn.bf16x2 d, $1, $2; mul.rn.bf16x2 $0, d, $3; }", "=r,r,r,r",
-                [pairs, zero_pairs, scale_pairs], dtype=tl.int32, is_pure=True, pack=1)
+        if BF16:
+            out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
         else:
-            out = tl.inline_asm_elementwise(
-                "{ .reg .b32 d; sub.rn.f16x2 d, $1, $2; mul.rn.f16x2 $0, d, $3; }", "=r,r,r,r",
-                [pairs, zero_pairs, scale_pairs], dtype=tl.int32, is_pure=True, pack=1)
+            out = tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
     else:
         dtype = tl.bfloat16 if BF16 else tl.float16
-        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32)
-        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32)
-        if scale_pairs is not None:
-            scale = (scale_pairs & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
-            lo, hi = lo * scale, hi * scale
-        lo = lo.to(dtype).to(tl.int16, bitcast=True)
-        hi = hi.to(dtype).to(tl.int16, bitcast=True)
+        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
+        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
         out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
     return out
 
@@ -253,14 +237,13 @@ def _code_pairs(w, MAGIC: tl.constexpr):
 
 @triton.jit
 def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
-                  BF16: tl.constexpr = False, ASM: tl.constexpr = False, scale=None):
+                  BF16: tl.constexpr = False, ASM: tl.constexpr = False):
     # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
     # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
     # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
     # trailing axes and moving them into place is a relabelling of registers, not a data movement.
     # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
-    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split); with ``scale``
-    # too ([BLOCK_N] in the activations' dtype), (code - zero) * scale: the dequantized weights.
+    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
     w = tl.reshape(words, (BLOCK_N, 2, 8))
     if ASM and not FP32:  # mask and OFFSET in one lop3 (ptxas does not merge an AND and an OR of two constants)
         pairs = tl.join(tl.join(_code_pairs(w, MAGIC), _code_pairs(w >> 4, MAGIC)),
@@ -275,16 +258,10 @@ def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.co
                        ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
         if zero is not None:
             rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
-        if scale is not None:
-            rows = rows * scale[:, None, None, None, None, None]
     else:
         if zero is not None:
             zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
-            scale_pairs = None
-            if scale is not None:
-                bits = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-                scale_pairs = tl.broadcast_to((bits * 0x10001)[:, None, None, None, None], pairs.shape)
-            pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM, scale_pairs)
+            pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
         rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
     return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
 
@@ -312,7 +289,7 @@ def _w4a16_decode_tile_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, X_SUMS: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr, SCALE_IN_REGS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
@@ -348,15 +325,7 @@ def _w4a16_decode_tile_kernel(
                                                     offs_n, mask_n, N, EVEN_N)
         else:
             s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
-        if SCALE_IN_REGS:  # the dequantized weights as A: one MMA chain over the split, no per-tile epilogue
-            if xt.dtype == tl.float32:
-                a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32), scale=s)
-                acc = tl.dot(a, xt, acc, input_precision="ieee")
-            else:
-                a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM,
-                                  s.to(xt.dtype))
-                acc = tl.dot(a.to(xt.dtype, bitcast=True), xt, acc)
-        elif ZERO_IN_REGS:
+        if ZERO_IN_REGS:
             if xt.dtype == tl.float32:
                 a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
                 acc += tl.dot(a, xt, input_precision="ieee") * s[:, None]
@@ -461,7 +430,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
-        meta["PREFETCH"], meta["SCALE_IN_REGS"] = config.prefetch, config.scale_in_regs
+        meta["PREFETCH"] = config.prefetch
         meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
