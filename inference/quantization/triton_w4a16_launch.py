@@ -59,15 +59,15 @@ class DecodeConfig:
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweep of both variants
-    (``w4a16-sweep_h100_2026-12-05.json``, the 7B shapes):
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweeps of the variants
+    (``w4a16-sweep_h100_2026-12-05.json``, ``w4a16-sweep_h100_2026-12-06.json``, the 7B shapes):
 
-    - up to 16 rows, the kernel that takes each tile's ``sum(x)`` from an all-ones MMA, 64-column tiles (128 for
-      N >= 16384): faster there than the zero point subtracted in registers on gate_up, qkv and o (by 0-21%;
-      down at one row is 8% slower);
+    - up to 16 rows, the zero point taken off after the MMA with each tile's ``sum(x)`` from the x tile, 64-column
+      tiles (128 for N >= 16384): on gate_up at one row 40.7 us against 43.4 with an all-ones MMA for the sums and
+      46.2 with the zero point subtracted in registers; the other shapes within 2% of the all-ones MMA;
     - above 16 rows, the zero point subtracted in registers with one MMA per tile and 128-column output tiles
       (64-column ones put the A operand through shared memory: ``benchmarks/compile_sm90.py``): 1.27x the
-      other on gate_up at 32 rows.
+      all-ones MMA on gate_up at 32 rows, 1.45x at 64 rows on down.
 
     Both split K to the power of two nearest to about four programs per SM up to 16 rows, two above; at most 16
     splits, each of at least three 128-row K tiles."""
@@ -77,4 +77,5 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     programs_per_sm = 4 if small else 2
     split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small)
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small,
+                        x_sums=small)

@@ -104,7 +104,7 @@ def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
     o_proj = decode_config(1, 3584, 3584, num_sms=132)
     gate_up = decode_config(1, 37888, 3584, num_sms=132)
     assert o_proj.split_k > gate_up.split_k >= 1
-    assert not o_proj.zero_in_regs and (o_proj.block_n, gate_up.block_n) == (64, 128)  # up to 16 rows
+    assert o_proj.x_sums and not o_proj.zero_in_regs and (o_proj.block_n, gate_up.block_n) == (64, 128)  # <= 16 rows
     wide = decode_config(32, 37888, 3584, num_sms=132)
     assert wide.split_k < gate_up.split_k or wide.split_k == 1  # partial sums cost more
     assert decode_config(17, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
