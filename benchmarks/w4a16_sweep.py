@@ -210,15 +210,14 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     base = decode_config(M, N, K, num_sms)
     configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
                "split_half": replace(base, split_k=max(1, base.split_k // 2)),
-               "ones_mma": replace(base, zero_in_regs=False, x_sums=False, pair=False),
-               "x_sums": replace(base, zero_in_regs=False, x_sums=True, pair=False),
-               "zero_in_regs": replace(base, zero_in_regs=True, pair=False),
+               "ones_mma": replace(base, zero_in_regs=False, x_sums=False),
+               "x_sums": replace(base, zero_in_regs=False, x_sums=True),
+               "zero_in_regs": replace(base, zero_in_regs=True),
+               "x_sums_n128": replace(base, block_n=128, zero_in_regs=False, x_sums=True),
+               "zero_in_regs_n128": replace(base, block_n=128, zero_in_regs=True),
                "no_prefetch": replace(base, prefetch=False),
-               "x_sums_pair": replace(base, zero_in_regs=False, x_sums=True, pair=True),
-               "zero_in_regs_pair": replace(base, zero_in_regs=True, pair=True),
-               "pair_split_x2": replace(base, pair=True, split_k=base.split_k * 2),
-               "pair_split_half": replace(base, pair=True, split_k=max(1, base.split_k // 2)),
-               "pair_n128": replace(base, pair=True, block_n=128)}
+               "x_sums_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=False, x_sums=True),
+               "zero_in_regs_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=True)}
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"

@@ -283,67 +283,13 @@ def _x_tile(x_ptr, perm_ptr, t, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS
 
 
 @triton.jit
-def _tile_words(w_ptrs, mask_n, EVEN_N: tl.constexpr):
-    # one K tile's packed words [BLOCK_N, 16]
-    if EVEN_N:
-        words = tl.load(w_ptrs)
-    else:
-        words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
-    return words
-
-
-@triton.jit
-def _tile_params(scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G, GROUP_SIZE: tl.constexpr, EVEN_N: tl.constexpr):
-    # the scale, scale * zero and zero of K tile t's group (the last group past the end)
-    return _group_params(scales_ptr, qzeros_ptr, tl.minimum(t * 128 // GROUP_SIZE, G - 1), offs_n, mask_n, N, EVEN_N)
-
-
-@triton.jit
-def _tile_mma(words, xt, z, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr,
-              ASM: tl.constexpr):
-    # One K tile's MMA, float32 [BLOCK_N, BLOCK_M]: (code - zero) . x (ZERO_IN_REGS; exact integers as the
-    # operand) or (OFFSET + code) . x (exact too; float32 activations: code . x).
-    if xt.dtype == tl.float32:
-        if ZERO_IN_REGS:
-            a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
-        else:
-            a = _tile_operand(words, MAGIC, BLOCK_N, True)
-        part = tl.dot(a, xt, input_precision="ieee")
-    else:
-        if ZERO_IN_REGS:
-            a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM)
-        else:
-            a = _tile_operand(words, MAGIC, BLOCK_N, False, ASM=ASM)
-        part = tl.dot(a.to(xt.dtype, bitcast=True), xt)
-    return part
-
-
-@triton.jit
-def _tile_accumulate(acc, part, xt, s, zs, OFFSET: tl.constexpr, BLOCK_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr,
-                     X_SUMS: tl.constexpr):
-    # acc += the tile's share: s * part, less s * (OFFSET + zero) * sum(x) where the zero point is still in part
-    # (sum(x) from the x tile, X_SUMS, or from an MMA against all ones); float32 activations have OFFSET 0.
-    if ZERO_IN_REGS:
-        acc += part * s[:, None]
-    else:
-        if X_SUMS:
-            sums = tl.sum(xt.to(tl.float32), axis=0)[None, :]
-        elif xt.dtype == tl.float32:
-            sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32), xt, input_precision="ieee")
-        else:
-            sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
-        acc += part * s[:, None] - sums * (OFFSET * s + zs)[:, None]
-    return acc
-
-
-@triton.jit
 def _w4a16_decode_tile_kernel(
     x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, perm_ptr, bias_ptr, partial_ptr, counter_ptr, out_ptr,
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, X_SUMS: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr, PAIR: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
@@ -363,40 +309,46 @@ def _w4a16_decode_tile_kernel(
     first = pid_k * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
     xt = _x_tile(x_ptr, perm_ptr, first, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
-    if PAIR:
-        xt1 = _x_tile(x_ptr, perm_ptr, first + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     w_ptrs = qweight_ptr + (first * 16 + tl.arange(0, 16))[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, 16]
     if PREFETCH:
-        s_next, zs_next, z_next = _tile_params(scales_ptr, qzeros_ptr, first, offs_n, mask_n, N, G, GROUP_SIZE, EVEN_N)
-        if PAIR:
-            s1_next, zs1_next, z1_next = _tile_params(scales_ptr, qzeros_ptr, first + 1, offs_n, mask_n, N, G,
-                                                      GROUP_SIZE, EVEN_N)
-    for t in range(first, last, 1 + PAIR):
-        words = _tile_words(w_ptrs, mask_n, EVEN_N)
-        if PAIR:  # the second tile of the pair: zeros past the split (its x tile is zeros there too)
-            words1 = tl.load(w_ptrs + 16 * N, mask=mask_n[:, None] & (t + 1 < last), other=0)
-        w_ptrs += (1 + PAIR) * 16 * N
-        if PREFETCH:  # this tile's group parameters were loaded during the last iteration; load the next ones now
-            s, zs, z = s_next, zs_next, z_next
-            s_next, zs_next, z_next = _tile_params(scales_ptr, qzeros_ptr, t + 1 + PAIR, offs_n, mask_n, N, G,
-                                                   GROUP_SIZE, EVEN_N)
-            if PAIR:
-                s1, zs1, z1 = s1_next, zs1_next, z1_next
-                s1_next, zs1_next, z1_next = _tile_params(scales_ptr, qzeros_ptr, t + 3, offs_n, mask_n, N, G,
-                                                          GROUP_SIZE, EVEN_N)
+        s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, (first * 128) // GROUP_SIZE, offs_n, mask_n,
+                                                N, EVEN_N)
+    for t in range(first, last):
+        if EVEN_N:
+            words = tl.load(w_ptrs)
         else:
-            s, zs, z = _tile_params(scales_ptr, qzeros_ptr, t, offs_n, mask_n, N, G, GROUP_SIZE, EVEN_N)
-            if PAIR:
-                s1, zs1, z1 = _tile_params(scales_ptr, qzeros_ptr, t + 1, offs_n, mask_n, N, G, GROUP_SIZE, EVEN_N)
-        part = _tile_mma(words, xt, z, MAGIC, BLOCK_N, ZERO_IN_REGS, ASM)
-        if PAIR:  # both MMAs are issued before either result is waited for
-            part1 = _tile_mma(words1, xt1, z1, MAGIC, BLOCK_N, ZERO_IN_REGS, ASM)
-        acc = _tile_accumulate(acc, part, xt, s, zs, OFFSET, BLOCK_N, ZERO_IN_REGS, X_SUMS)
-        if PAIR:
-            acc = _tile_accumulate(acc, part1, xt1, s1, zs1, OFFSET, BLOCK_N, ZERO_IN_REGS, X_SUMS)
-        xt = _x_tile(x_ptr, perm_ptr, t + 1 + PAIR, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
-        if PAIR:
-            xt1 = _x_tile(x_ptr, perm_ptr, t + 3, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+            words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+        w_ptrs += 16 * N
+        if PREFETCH:  # this tile's group parameters were loaded during the last tile; load the next tile's now
+            s, zs, z = s_next, zs_next, z_next
+            s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t + 1) * 128 // GROUP_SIZE, G - 1),
+                                                    offs_n, mask_n, N, EVEN_N)
+        else:
+            s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
+        if ZERO_IN_REGS:
+            if xt.dtype == tl.float32:
+                a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
+                acc += tl.dot(a, xt, input_precision="ieee") * s[:, None]
+            else:
+                a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM)
+                acc += tl.dot(a.to(xt.dtype, bitcast=True), xt) * s[:, None]        # a = code - zero, exact
+        elif xt.dtype == tl.float32:
+            a = _tile_operand(words, MAGIC, BLOCK_N, True)
+            part = tl.dot(a, xt, input_precision="ieee")
+            if X_SUMS:
+                sums = tl.sum(xt, axis=0)[None, :]
+            else:
+                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32), xt, input_precision="ieee")
+            acc += part * s[:, None] - sums * zs[:, None]
+        else:
+            a = _tile_operand(words, MAGIC, BLOCK_N, False, ASM=ASM)
+            part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                         # exact OFFSET + code
+            if X_SUMS:
+                sums = tl.sum(xt.to(tl.float32), axis=0)[None, :]
+            else:
+                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
+            acc += part * s[:, None] - sums * (OFFSET * s + zs)[:, None]
+        xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
@@ -478,7 +430,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
-        meta["PREFETCH"], meta["PAIR"] = config.prefetch, int(config.pair)
+        meta["PREFETCH"] = config.prefetch
         meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group

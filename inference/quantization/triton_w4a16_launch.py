@@ -55,7 +55,6 @@ class DecodeConfig:
     tile_mma: bool = False  # one MMA per 128-row K tile (_w4a16_decode_tile_kernel) where groups allow it
     zero_in_regs: bool = True  # tile kernel: zero point subtracted before the MMA, not by a second MMA
     x_sums: bool = False  # tile kernel without zero_in_regs: each tile's sum(x) from the x tile, not an all-ones MMA
-    pair: bool = False  # tile kernel: two K tiles an iteration, both MMAs issued before either is waited for
     prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
 
 
@@ -79,4 +78,4 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
     return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small,
-                        x_sums=small, pair=small)
+                        x_sums=small)

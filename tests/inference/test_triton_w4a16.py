@@ -68,12 +68,10 @@ def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves
 ])
 # groups of 128 and 256 take the one-MMA-per-tile kernel, its zero point subtracted in registers, or after the MMA
 # with each tile's sum(x) from a second MMA or from the x tile
-# (pair: two K tiles an iteration, the second past the split's end on odd splits)
-@pytest.mark.parametrize("tile_mma, zero_in_regs, x_sums, pair", [
-    (False, False, False, False), (True, False, False, False), (True, False, True, False), (True, True, False, False),
-    (True, False, True, True), (True, True, False, True)])
+@pytest.mark.parametrize("tile_mma, zero_in_regs, x_sums", [(False, False, False), (True, False, False),
+                                                             (True, False, True), (True, True, False)])
 def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, tile_mma,
-                                                      zero_in_regs, x_sums, pair):
+                                                      zero_in_regs, x_sums):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
@@ -81,7 +79,7 @@ def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split
     expected = x.float() @ dense.to(dtype).float() + bias.float()
     out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias,
                        config=DecodeConfig(block_n, split_k, tile_mma=tile_mma, zero_in_regs=zero_in_regs,
-                                           x_sums=x_sums, pair=pair))
+                                           x_sums=x_sums))
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
 
@@ -253,8 +251,7 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
     qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
     launches = []
     configs = [DecodeConfig(128, 2, tile_mma=True, zero_in_regs=True),
-               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True),
-               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True, pair=True)]
+               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True)]
     for dtype, config in itertools.product((torch.bfloat16, torch.float16), configs):
         with record_launches() as recorded:
             w4a16_decode(torch.randn(2, 256).to(dtype), qweight, scales, qzeros, 128, config=config)
