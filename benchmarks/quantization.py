@@ -10,9 +10,9 @@ offline throughput of FP8 against bf16 (``benchmarks/throughput.py``'s machinery
 
 Decode latency: ``batch`` requests with ``--prompt-len``-token prompts are admitted; once every request
 has its first token (all later steps are pure decode, replayed from CUDA graphs unless --enforce-eager),
-the time of ``--decode-steps`` more tokens per request is divided by the tokens: a decode step's time
-per token, whatever decode windows (several steps per ``engine.step()``, on by default) the engine chose;
-the windows' lengths are recorded per batch size. Weight memory (GiB, and the ratio to bf16) comes
+the time of at least ``--decode-steps`` more tokens per request is divided by the decode steps the device ran
+in it: a decode step's time per token, whatever decode windows (several steps per ``engine.step()``, on by
+default) the engine chose; the windows' lengths are recorded per batch size. Weight memory (GiB, and the ratio to bf16) comes
 from each engine's start-up. Writes JSON with the exact command to benchmarks/results/ after each phase
 (kernels, decode, W1), so a run cut short keeps what it measured, and prints a summary at the end.
 Kernel microbenchmarks need CUDA and are skipped on CPU.
@@ -47,20 +47,24 @@ def _quantization(method: str) -> str | None:
 
 def decode_latency(args, method: str) -> dict:
     """Mean seconds per decode step for each batch size, and the engine's weight memory."""
+    max_model_len = args.prompt_len + args.decode_steps + 64 + 2 * AUTO_MAX_WINDOW
     llm = LLM(model=args.model, load_format="dummy", dtype="bfloat16", quantization=_quantization(method),
-              max_model_len=args.prompt_len + args.decode_steps + 64 + 2 * AUTO_MAX_WINDOW, max_num_seqs=max(args.batch_sizes),
+              max_model_len=max_model_len, max_num_seqs=max(args.batch_sizes),
               enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
     engine = llm.llm_engine
     memory = weight_memory(engine.runner.model)
     result = {"weights_GiB": memory.total_bytes / 2 ** 30, "weights_ratio_to_bf16": memory.total_ratio,
-              "linear_weights_ratio_to_bf16": memory.quantized_ratio, "step_ms": {},
+              "linear_weights_ratio_to_bf16": memory.quantized_ratio, "step_ms": {}, "timed_steps": {},
               "window_steps": {}}
     g = torch.Generator().manual_seed(0)
     vocab = engine.config.hf_config.vocab_size
+
+    def steps_in_flight() -> int:
+        return engine._inflight[0].num_steps if engine._inflight is not None else 0
+
     for batch in args.batch_sizes:
-        # Room for the timed tokens plus the windows in flight when timing starts and ends.
-        max_tokens = args.decode_steps + 3 + 2 * AUTO_MAX_WINDOW
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        # Every request may run to max_model_len: those that leave prefill first decode while others prefill.
+        params = SamplingParams(temperature=0.0, max_tokens=max_model_len - args.prompt_len, ignore_eos=True)
         for i in range(batch):
             engine.add_request(f"{method}-{batch}-{i}", torch.randint(100, vocab - 100, (args.prompt_len,),
                                                                        generator=g).tolist(), params)
@@ -75,17 +79,23 @@ def decode_latency(args, method: str) -> dict:
         windows = collections.Counter(engine.window_steps)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        before = dict(produced)
+        before, first_window = dict(produced), steps_in_flight()
         start = time.perf_counter()
-        # Decode windows (several steps per engine.step()) are on by default: time tokens, not calls.
-        while min(produced[r] - before[r] for r in before) < args.decode_steps:
+        # Decode windows (several steps per engine.step()) are on by default: count steps, not calls. The window in
+        # flight at the start ran before it (its tokens arrive during the timing); the one in flight at the end is
+        # timed (the synchronize) but its tokens arrive after.
+        while min(produced[r] - before[r] for r in before) < args.decode_steps and engine.has_unfinished_requests():
             advance()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        tokens = min(produced[r] - before[r] for r in before)
-        result["step_ms"][str(batch)] = 1000 * (time.perf_counter() - start) / tokens
+        seconds = time.perf_counter() - start
+        steps = min(produced[r] - before[r] for r in before) - first_window + steps_in_flight()
+        result["step_ms"][str(batch)] = 1000 * seconds / steps
+        result["timed_steps"][str(batch)] = steps
         result["window_steps"][str(batch)] = {str(k): v for k, v in
                                              sorted((collections.Counter(engine.window_steps) - windows).items())}
+        for request_id in before:  # the rest of each request's tokens are not needed
+            engine.abort_request(request_id)
         while engine.has_unfinished_requests():
             engine.step()
         print(f"{method:>5} batch {batch:3d}: {result['step_ms'][str(batch)]:.3f} ms/step", flush=True)

@@ -295,8 +295,10 @@ def _w4a16_decode_tile_kernel(
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
     # The offset and zero point come off either in registers (ZERO_IN_REGS: (OFFSET + code) - (OFFSET + zero)
     # is the exact small integer code - zero, one packed subtraction per pair of weights, then one MMA) or
-    # after the MMA, with the group's sum(x) from a second MMA against an all-ones A (twice the tensor-core
-    # work, which bounds the kernel from about 32 rows on). Arguments as in _w4a16_decode_kernel.
+    # after the MMA, as s * (OFFSET + zero) * sum(x), the tile's sum(x) summed from the x tile (X_SUMS) or
+    # taken from a second MMA against an all-ones A (twice the tensor-core work, and ptxas serializes the MMAs:
+    # it bounds the kernel from about 32 rows on). PREFETCH loads the next tile's group parameters while this
+    # tile computes. Arguments as in _w4a16_decode_kernel.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)

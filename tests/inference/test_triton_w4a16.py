@@ -63,6 +63,7 @@ def test_ktiled_packing_round_trips_and_pairs_consecutive_rows_in_the_two_halves
     (5, 384, 64, 192, 2, torch.bfloat16, 32),
     (32, 128, 32, 128, 1, torch.bfloat16, 32),
     (8, 256, 128, 256, 2, torch.float16, 128),
+    (1, 1024, 64, 256, 2, torch.bfloat16, 64),   # four tiles a split over two groups of 256: the prefetched group
     (40, 256, 64, 128, 2, torch.bfloat16, 64),
     (64, 384, 32, 128, 2, torch.float16, 32),
 ])
@@ -85,18 +86,56 @@ def test_decode_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split
 
 
 @pytest.mark.parametrize("M", [3, 1])
-@pytest.mark.parametrize("tile_mma", [False, True])
-def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(M, tile_mma):
+@pytest.mark.parametrize("tile_mma, x_sums, dtype", [(False, False, torch.float32), (True, False, torch.float32),
+                                                     (True, True, torch.bfloat16)])
+def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(M, tile_mma, x_sums, dtype):
     K, N, group_size = 256, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     perm = torch.randperm(K, device=DEVICE)
     counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
-    x = torch.randn(M, K, device=DEVICE)
+    x = torch.randn(M, K, device=DEVICE).to(dtype)
+    config = DecodeConfig(32, 2, tile_mma=tile_mma, zero_in_regs=not x_sums, x_sums=x_sums)
     for _ in range(2):  # the second call finds the counters the first one left
-        out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
-                           config=DecodeConfig(32, 2, tile_mma=tile_mma))
-        torch.testing.assert_close(out, x[:, perm] @ dense, **TOL[torch.float32])
+        out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters, config=config)
+        torch.testing.assert_close(out.float(), x[:, perm].float() @ dense.to(dtype).float(), **TOL[dtype])
     assert counters.count_nonzero() == 0
+
+
+@pytest.mark.parametrize("x_sums", [False, True])
+def test_decode_tile_kernel_without_prefetch_matches_the_reference(x_sums):
+    """The sweep's ``no_prefetch`` variant: each tile's group parameters loaded in its own iteration."""
+    K, N, group_size = 768, 64, 128
+    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
+    x = torch.randn(2, K, device=DEVICE).to(torch.float16)
+    config = DecodeConfig(32, 2, tile_mma=True, zero_in_regs=not x_sums, x_sums=x_sums, prefetch=False)
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, config=config)
+    torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
+
+
+def test_decode_kernels_lop3_sets_the_mantissa_of_each_dtypes_offset():
+    """The compiled path ORs each code into ``OFFSET``'s mantissa with one ``lop3`` (``_code_pairs``), which the
+    interpreter never runs: its constants and truth table must give ``(w & 0x000F000F) | OFFSET`` bits in both
+    halves for the dtype whose ``MAGIC`` selects it."""
+    import inspect
+    import re
+
+    from inference.quantization import triton_w4a16_decode as decode
+    source = inspect.getsource(decode._code_pairs.fn)
+    found = re.findall(r'lop3\.b32 \$0, \$1, (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+);', source)
+    assert len(found) == 2
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1000,), dtype=torch.int64).tolist()
+    for (mask, constant, lut), dtype in zip(found, (torch.bfloat16, torch.float16)):
+        mask, constant, lut = int(mask, 16), int(constant, 16), int(lut, 16)
+        magic, offset = decode._CODE_OFFSET[dtype]
+        for w in words:
+            w &= 0xFFFFFFFF
+            out = 0
+            for bit in range(32):  # lop3: bit i of the result is lut's bit (a_i << 2 | b_i << 1 | c_i)
+                index = ((w >> bit) & 1) << 2 | ((mask >> bit) & 1) << 1 | ((constant >> bit) & 1)
+                out |= ((lut >> index) & 1) << bit
+            assert out == (w & 0x000F000F) | (magic * 0x10001)
+        low = torch.tensor([magic | 5], dtype=torch.int16).view(dtype)   # code 5 in the low half
+        assert float(low) == offset + 5
 
 
 def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
