@@ -84,9 +84,13 @@ def main() -> None:
                       MAGIC=0x4300, OFFSET=128.0, EVEN_K=True, EVEN_N=True)
         report(f"decode BM{block_m} BN{block_n} w{warps}", _w4a16_decode_kernel, dict(common, CHUNKS_PER_GROUP=8),
                warps, 4, weights_per_thread=16 * block_n * 8 // (32 * warps))
-        for label, zero_in_regs, x_sums in (("", False, False), (" x-sums", False, True), (" zero-in-regs", True, False)):
+        for label, zero_in_regs, x_sums, x_in_loop in (("", False, False, False), (" x-sums", False, True, False),
+                                                       (" zero-in-regs", True, False, False),
+                                                       (" x-sums x-in-loop", False, True, True),
+                                                       (" zero-in-regs x-in-loop", True, False, True)):
             report(f"decode tile{label} BM{block_m} BN{block_n} w{warps}", _w4a16_decode_tile_kernel,
-                   dict(common, ZERO_IN_REGS=zero_in_regs, X_SUMS=x_sums, ASM=True, PREFETCH=True), warps, 4,
+                   dict(common, ZERO_IN_REGS=zero_in_regs, X_SUMS=x_sums, ASM=True, PREFETCH=True,
+                        X_IN_LOOP=x_in_loop), warps, 4,
                    weights_per_thread=16 * block_n * 8 // (32 * warps))
     report("gemm BM64 BN128 (prefill)", _w4a16_kernel, dict(GROUP_SIZE=128, BLOCK_M=64, BLOCK_N=128,
                                                             DOT_PRECISION="tf32", ROW_GROUPS=False), 4, 3,

@@ -213,11 +213,12 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
                "ones_mma": replace(base, zero_in_regs=False, x_sums=False),
                "x_sums": replace(base, zero_in_regs=False, x_sums=True),
                "zero_in_regs": replace(base, zero_in_regs=True),
-               "x_sums_n128": replace(base, block_n=128, zero_in_regs=False, x_sums=True),
                "zero_in_regs_n128": replace(base, block_n=128, zero_in_regs=True),
                "no_prefetch": replace(base, prefetch=False),
-               "x_sums_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=False, x_sums=True),
-               "zero_in_regs_split_x2": replace(base, split_k=base.split_k * 2, zero_in_regs=True)}
+               "x_in_loop": replace(base, x_in_loop=True),
+               "x_in_loop_ones_mma": replace(base, x_in_loop=True, zero_in_regs=False, x_sums=False),
+               "x_in_loop_zero_in_regs": replace(base, x_in_loop=True, zero_in_regs=True),
+               "x_in_loop_zero_in_regs_n128": replace(base, x_in_loop=True, block_n=128, zero_in_regs=True)}
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"

@@ -289,7 +289,7 @@ def _w4a16_decode_tile_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ZERO_IN_REGS: tl.constexpr, X_SUMS: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, X_IN_LOOP: tl.constexpr,
 ):
     # The same product for groups of a multiple of 128 rows (one group per K tile): one [BLOCK_N, 128] A
     # operand and one MMA per K tile instead of eight 16-row chunks, each with its own wait and x^T buffer.
@@ -298,7 +298,8 @@ def _w4a16_decode_tile_kernel(
     # after the MMA, as s * (OFFSET + zero) * sum(x), the tile's sum(x) summed from the x tile (X_SUMS) or
     # taken from a second MMA against an all-ones A (twice the tensor-core work, and ptxas serializes the MMAs:
     # it bounds the kernel from about 32 rows on). PREFETCH loads the next tile's group parameters while this
-    # tile computes. Arguments as in _w4a16_decode_kernel.
+    # tile computes; X_IN_LOOP loads each x tile at the top of its iteration (pipelined through shared memory by
+    # Triton) instead of into registers one iteration ahead. Arguments as in _w4a16_decode_kernel.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -310,12 +311,15 @@ def _w4a16_decode_tile_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     first = pid_k * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, 128))
-    xt = _x_tile(x_ptr, perm_ptr, first, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+    if not X_IN_LOOP:
+        xt = _x_tile(x_ptr, perm_ptr, first, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     w_ptrs = qweight_ptr + (first * 16 + tl.arange(0, 16))[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, 16]
     if PREFETCH:
         s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, (first * 128) // GROUP_SIZE, offs_n, mask_n,
                                                 N, EVEN_N)
     for t in range(first, last):
+        if X_IN_LOOP:  # loaded where it is used: Triton's pipeliner streams it into shared memory with async copies
+            xt = _x_tile(x_ptr, perm_ptr, t, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
         if EVEN_N:
             words = tl.load(w_ptrs)
         else:
@@ -350,7 +354,8 @@ def _w4a16_decode_tile_kernel(
             else:
                 sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
             acc += part * s[:, None] - sums * (OFFSET * s + zs)[:, None]
-        xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
+        if not X_IN_LOOP:  # the next tile's x, into registers while this tile's results are used
+            xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
@@ -432,7 +437,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
-        meta["PREFETCH"] = config.prefetch
+        meta["PREFETCH"], meta["X_IN_LOOP"] = config.prefetch, config.x_in_loop
         meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group

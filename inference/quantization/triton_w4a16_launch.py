@@ -56,6 +56,7 @@ class DecodeConfig:
     zero_in_regs: bool = True  # tile kernel: zero point subtracted before the MMA, not by a second MMA
     x_sums: bool = False  # tile kernel without zero_in_regs: each tile's sum(x) from the x tile, not an all-ones MMA
     prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
+    x_in_loop: bool = False  # tile kernel: x tiles async-copied by Triton's pipeliner, not loaded ahead into registers
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:

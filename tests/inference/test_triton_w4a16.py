@@ -101,13 +101,16 @@ def test_decode_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero
     assert counters.count_nonzero() == 0
 
 
-@pytest.mark.parametrize("x_sums", [False, True])
-def test_decode_tile_kernel_without_prefetch_matches_the_reference(x_sums):
-    """The sweep's ``no_prefetch`` variant: each tile's group parameters loaded in its own iteration."""
+@pytest.mark.parametrize("x_sums, prefetch, x_in_loop", [(False, False, False), (True, False, False),
+                                                          (True, True, True), (False, True, True)])
+def test_decode_tile_kernel_loop_variants_match_the_reference(x_sums, prefetch, x_in_loop):
+    """The sweep's variants of the tile kernel's loop: each tile's group parameters loaded in its own iteration
+    (no prefetch), each x tile loaded at the top of its iteration (``x_in_loop``)."""
     K, N, group_size = 768, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(2, K, device=DEVICE).to(torch.float16)
-    config = DecodeConfig(32, 2, tile_mma=True, zero_in_regs=not x_sums, x_sums=x_sums, prefetch=False)
+    config = DecodeConfig(32, 2, tile_mma=True, zero_in_regs=not x_sums, x_sums=x_sums, prefetch=prefetch,
+                          x_in_loop=x_in_loop)
     out = w4a16_decode(x, qweight, scales, qzeros, group_size, config=config)
     torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
 
@@ -290,7 +293,8 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
     qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
     launches = []
     configs = [DecodeConfig(128, 2, tile_mma=True, zero_in_regs=True),
-               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True)]
+               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True),
+               DecodeConfig(128, 2, tile_mma=True, zero_in_regs=False, x_sums=True, x_in_loop=True)]
     for dtype, config in itertools.product((torch.bfloat16, torch.float16), configs):
         with record_launches() as recorded:
             w4a16_decode(torch.randn(2, 256).to(dtype), qweight, scales, qzeros, 128, config=config)
