@@ -22,15 +22,16 @@ removes the offset and the zero point (the x sums cost one add per x element). f
 (CPU tests, float32 models) subtract the offset per weight instead, exactly.
 
 For groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``, the default)
-unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile. By default it
-subtracts ``OFFSET + zero`` from each register of two codes with one packed ``sub.bf16x2`` / ``sub.f16x2``
-(inline PTX), leaving the exact integers ``code - zero``, so the MMA's result needs only the group's scale:
-one MMA per tile. Its first version took the tile's ``sum(x)`` from a second MMA against an all-ones A
-(kept as ``zero_in_regs=False``), which doubled the tensor-core work: at 32 rows and more that, not the
-weight bytes, bounded it (1.0x bf16's decode step at batch 32). Compiled for sm_90 the packed subtraction
-also drops the main loop from 4.1 to 3.4 instructions a weight at 16 rows and from 4.9 to 3.8 at 32
-(``benchmarks/compile_sm90.py``). The one-MMA-per-tile kernel with the all-ones MMA was 3-15% faster than
-the eight 16-row chunks on the H200's 7B shapes (``quant-kernels-sweep_h200_2026-12-01.json``).
+unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile; one ``lop3`` (inline
+PTX) masks two codes and ORs them into ``OFFSET``. Above 16 rows it subtracts ``OFFSET + zero`` from each
+register of two codes with one packed ``sub.bf16x2`` / ``sub.f16x2``, leaving the exact integers
+``code - zero``, so the MMA's result needs only the group's scale (``zero_in_regs``). Up to 16 rows it takes
+off ``s * (OFFSET + zero) * sum(x)`` after the MMA instead, the tile's ``sum(x)`` summed from the x tile
+(``x_sums``). Its first version took that sum from a second MMA against an all-ones A (still
+``zero_in_regs=False, x_sums=False``): twice the tensor-core work, and ptxas serializes those MMAs, which bounded
+it from 32 rows on (1.0x bf16's decode step at batch 32). The next tile's scales and zero points load while a tile
+computes (``prefetch``): the per-tile epilogue, which waits for the tile's MMA, is what bounds the kernel
+(``benchmarks/w4a16_stage_probe.py``; ``docs/quantization.md``).
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
