@@ -12,8 +12,8 @@ Decode latency: ``batch`` requests with ``--prompt-len``-token prompts are admit
 has its first token (all later steps are pure decode, replayed from CUDA graphs unless --enforce-eager),
 the time of at least ``--decode-steps`` more tokens per request is divided by the decode steps the device ran
 in it: a decode step's time per token, whatever decode windows (several steps per ``engine.step()``, on by
-default) the engine chose; the windows' lengths are recorded per batch size. Weight memory (GiB, and the ratio to bf16) comes
-from each engine's start-up. Writes JSON with the exact command to benchmarks/results/ after each phase
+default) the engine chose; the windows' lengths are recorded per batch size. Weight memory (GiB, and the ratio
+to bf16) comes from each engine's start-up. Writes JSON with the exact command to benchmarks/results/ after each phase
 (kernels, decode, W1), so a run cut short keeps what it measured, and prints a summary at the end.
 Kernel microbenchmarks need CUDA and are skipped on CPU.
 """

@@ -26,6 +26,7 @@ from inference.quantization.triton_w4a16_decode import _group_params, _tile_oper
 from inference.quantization.triton_w4a16_launch import DecodeConfig  # noqa: E402
 
 from provenance import current_commit  # noqa: E402
+from quant_kernels import _graph_ms  # noqa: E402
 
 SHAPES = (("gate_up", 3584, 37888, 128, 2), ("down", 18944, 3584, 64, 8))  # name, K, N, BLOCK_N, splits
 STAGES = ((1, 0, 1, 1), (1, 1, 1, 1), (1, 0, 1, 0), (0, 0, 1, 0), (0, 0, 0, 0), (1, 0, 0, 0))  # dot, xonce, deq, scale
@@ -73,25 +74,10 @@ def _probe_kernel(x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, out_ptr, M, N, K, 
     tl.store(out_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask_m[None, :])
 
 
-def _us(calls, reps: int = 20) -> float:
-    """Microseconds a call, over ``reps`` rounds of ``calls`` replayed from one CUDA graph (weights rotate over
-    copies, so that they come from HBM, not L2)."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for call in calls:
-                call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps / len(calls)
+def _us(calls) -> float:
+    """Microseconds a call, replayed from one CUDA graph (the weights rotate over copies, so that they come from
+    HBM, not L2)."""
+    return 1000 * _graph_ms(calls)
 
 
 def main() -> None:

@@ -284,6 +284,19 @@ def _x_tile(x_ptr, perm_ptr, t, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS
 
 
 @triton.jit
+def _tile_sums(xt, BLOCK_N: tl.constexpr, X_SUMS: tl.constexpr):
+    # sum(x) over the tile's 128 rows, float32: [1, BLOCK_M] summed from the x tile (X_SUMS), or [BLOCK_N, BLOCK_M]
+    # from an MMA against an all-ones A
+    if X_SUMS:
+        sums = tl.sum(xt.to(tl.float32), axis=0)[None, :]
+    elif xt.dtype == tl.float32:
+        sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32), xt, input_precision="ieee")
+    else:
+        sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
+    return sums
+
+
+@triton.jit
 def _w4a16_decode_tile_kernel(
     x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, perm_ptr, bias_ptr, partial_ptr, counter_ptr, out_ptr,
     M, N, K, G, stride_xm, tiles_per_split,
@@ -328,8 +341,8 @@ def _w4a16_decode_tile_kernel(
         w_ptrs += 16 * N
         if PREFETCH:  # this tile's group parameters were loaded during the last tile; load the next tile's now
             s, zs, z = s_next, zs_next, z_next
-            s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, tl.minimum((t + 1) * 128 // GROUP_SIZE, G - 1),
-                                                    offs_n, mask_n, N, EVEN_N)
+            next_group = tl.minimum((t + 1) * 128 // GROUP_SIZE, G - 1)
+            s_next, zs_next, z_next = _group_params(scales_ptr, qzeros_ptr, next_group, offs_n, mask_n, N, EVEN_N)
         else:
             s, zs, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
         if ZERO_IN_REGS:
@@ -339,22 +352,13 @@ def _w4a16_decode_tile_kernel(
             else:
                 a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM)
                 acc += tl.dot(a.to(xt.dtype, bitcast=True), xt) * s[:, None]        # a = code - zero, exact
-        elif xt.dtype == tl.float32:
-            a = _tile_operand(words, MAGIC, BLOCK_N, True)
-            part = tl.dot(a, xt, input_precision="ieee")
-            if X_SUMS:
-                sums = tl.sum(xt, axis=0)[None, :]
+        else:  # float32 activations: the operand is the code itself and OFFSET is 0
+            if xt.dtype == tl.float32:
+                part = tl.dot(_tile_operand(words, MAGIC, BLOCK_N, True), xt, input_precision="ieee")
             else:
-                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32), xt, input_precision="ieee")
-            acc += part * s[:, None] - sums * zs[:, None]
-        else:
-            a = _tile_operand(words, MAGIC, BLOCK_N, False, ASM=ASM)
-            part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                         # exact OFFSET + code
-            if X_SUMS:
-                sums = tl.sum(xt.to(tl.float32), axis=0)[None, :]
-            else:
-                sums = tl.dot(tl.full((BLOCK_N, 128), 1.0, tl.float32).to(xt.dtype), xt)
-            acc += part * s[:, None] - sums * (OFFSET * s + zs)[:, None]
+                a = _tile_operand(words, MAGIC, BLOCK_N, False, ASM=ASM)
+                part = tl.dot(a.to(xt.dtype, bitcast=True), xt)                     # exact OFFSET + code
+            acc += part * s[:, None] - _tile_sums(xt, BLOCK_N, X_SUMS) * (OFFSET * s + zs)[:, None]
         if not X_IN_LOOP:  # the next tile's x, into registers while this tile's results are used
             xt = _x_tile(x_ptr, perm_ptr, t + 1, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM, EVEN_K)
     _finish(tl.trans(acc), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr,
