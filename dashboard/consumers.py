@@ -20,6 +20,10 @@ UNAUTHENTICATED = 4401  # close code: log in first (4000-4999 are the applicatio
 class LiveStatsConsumer(AsyncJsonWebsocketConsumer):
     """Sends ``dashboard.access.visible_snapshot`` JSON on connect and on every new sample."""
 
+    # The stream comes from the process's StatsPoller, never from the channel layer: without an
+    # alias the consumer does not hold a Redis BZPOPMIN per socket, whose cancellation redis-py
+    # can swallow (redis/redis-py#2028), leaving a closed socket's task running.
+    channel_layer_alias = None
     viewer: Viewer | None = None
     poller: StatsPoller | None = None
 

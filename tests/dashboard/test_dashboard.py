@@ -113,12 +113,17 @@ class BackgroundLoad:
 def test_anonymous_websocket_is_refused(orm, django_app):
     from channels.testing import WebsocketCommunicator
 
-    async def run() -> dict:
+    async def run() -> tuple[dict, bool]:
         communicator = WebsocketCommunicator(django_app, "/ws/stats")
         await communicator.connect()
-        return await communicator.receive_output(timeout=5)
+        closed = await communicator.receive_output(timeout=5)
+        await communicator.send_input({"type": "websocket.disconnect", "code": closed["code"]})
+        await asyncio.wait_for(asyncio.shield(communicator.future), timeout=5)
+        return closed, communicator.future.done()
 
-    assert asyncio.run(run()) == {"type": "websocket.close", "code": 4401}
+    closed, consumer_ended = asyncio.run(run())
+    assert closed == {"type": "websocket.close", "code": 4401}
+    assert consumer_ended, "the refused socket's consumer should end once the client goes"
 
 
 def test_frames_a_client_sends_are_ignored_and_the_stream_goes_on(django_app, people, stack):
