@@ -3,13 +3,13 @@
 1. checks: the production dispatch (``w4a16_matmul``: decode kernel, GEMM kernel or dequantize + cuBLAS by
    row count), each path alone, and a GPTQ act-order layer, against dequantize-then-matmul in float32, in
    float16 and bfloat16 (``rel_err = max|out - ref| / max|ref|``, ok below 2e-2);
-2. timings at M = 1, 8, 16, 32, 64, 256, 2048 rows (bf16): ``F.linear`` on bf16 weights, the previous
+2. timings at M = 1, 2, 4, 8, 16, 32, 64, 256, 2048 rows (bf16): ``F.linear`` on bf16 weights, the previous
    production path (``old``: the decode kernel with its all-ones MMA and 64-column tiles up to 32 rows, the
-   GEMM kernel above), the new dispatch (``new``), and each path alone where it applies (``decode``,
-   ``gemm``, ``dequant``); ``int4_GBps`` is the int4 weights' bytes (codes, scales, zero points) over the
-   time, ``speedup_vs_bf16`` bf16's time over the path's;
-3. a few decode-kernel configs around ``decode_config`` at 1 and 64 rows (the split halved and doubled, the
-   all-ones MMA instead of the packed subtraction), while ``--budget-s`` lasts.
+   GEMM kernel above), the new dispatch (``new``), and each path alone where it applies (``decode``, ``gemv``
+   (the CUDA-core kernel, up to 4 rows), ``gemm``, ``dequant``); ``int4_GBps`` is the int4 weights' bytes
+   (codes, scales, zero points) over the time, ``speedup_vs_bf16`` bf16's time over the path's;
+3. decode-kernel configs around ``decode_config`` at ``SWEEP_ROWS`` (the split halved and doubled, the
+   loop variants, the GEMV kernel's tile widths up to 4 rows), while ``--budget-s`` lasts.
 
 Shapes go one at a time, checks then timings, the largest first. About 100 kernel specializations compile
 on the way (a few minutes on a fresh machine with the decode-config sweep, which ``--budget-s`` cuts short).
@@ -31,6 +31,7 @@ import shlex
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,9 +53,9 @@ from inference.quantization.linear import QuantizedLinear  # noqa: E402
 # (K, N), the largest first: a run cut short keeps the shapes that weigh most in a decode step
 SHAPES = {"gate_up": (3584, 37888), "down": (18944, 3584), "qkv": (3584, 4608), "o": (3584, 3584)}
 SMOKE_SHAPES = {"qkv": (256, 192), "down": (384, 128)}
-ROWS = (1, 8, 16, 32, 64, 256, 2048)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 2048)
 SMOKE_ROWS = (1, 16, 64, 130)
-SWEEP_ROWS = (1, 8, 16, 32, 64)
+SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64)  # at 2 and 4 rows only the default and the GEMV kernel's configs
 CHECK_ROWS = (1, 16, 64, 256)  # the decode kernel's 16- and 64-row blocks, the GEMM and dequantize paths
 ROTATE_BYTES = 256 << 20
 GROUP = 128
@@ -115,6 +116,8 @@ def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
     from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul
     from inference.quantization.triton_w4a16_dequant import dequant_matmul
     from inference.quantization.triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
+    from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
+    from inference.quantization.triton_w4a16_launch import decode_config
 
     def args(i):
         return i.qweight, i.scales, i.qzeros, i.group_size
@@ -128,6 +131,9 @@ def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
         paths["old"] = lambda x, i: w4a16_gemm(x, *args(i), num_sms)
     if M <= MAX_DECODE_ROWS:
         paths["decode"] = lambda x, i: w4a16_decode(x, *args(i), counters=i.split_k_counters, num_sms=num_sms)
+    if M <= MAX_GEMV_ROWS:
+        gemv = replace(decode_config(M, N, K, num_sms), gemv=True, block_n=128)
+        paths["gemv"] = lambda x, i: w4a16_decode(x, *args(i), counters=i.split_k_counters, config=gemv)
     if 32 <= M <= 256:
         paths["gemm"] = lambda x, i: w4a16_gemm(x, *args(i), num_sms)
     if M >= 64:
@@ -203,9 +209,8 @@ def time_shape(name: str, K: int, N: int, rows, device: str, num_sms: int, deadl
 
 def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, int4_bytes: int) -> dict:
     """Microseconds and int4 GB/s of the decode kernel under configs around ``decode_config``."""
-    from dataclasses import replace
-
     from inference.quantization.triton_w4a16_decode import w4a16_decode
+    from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
     from inference.quantization.triton_w4a16_launch import decode_config
     base = decode_config(M, N, K, num_sms)
     configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
@@ -219,6 +224,14 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
                "x_in_loop_ones_mma": replace(base, x_in_loop=True, zero_in_regs=False, x_sums=False),
                "x_in_loop_zero_in_regs": replace(base, x_in_loop=True, zero_in_regs=True),
                "x_in_loop_zero_in_regs_n128": replace(base, x_in_loop=True, block_n=128, zero_in_regs=True)}
+    if M <= MAX_GEMV_ROWS:  # the CUDA-core kernel: output tile width, warps, the next tile's loads ahead or not
+        gemv = replace(base, gemv=True, block_n=128, num_warps=4)
+        if M > 1:  # the MMA kernel's variants are swept at 1 row and from 8
+            configs = {"default": base}
+        configs |= {"gemv": gemv, "gemv_no_prefetch": replace(gemv, prefetch=False),
+                    "gemv_n64": replace(gemv, block_n=64), "gemv_n256_w8": replace(gemv, block_n=256, num_warps=8),
+                    "gemv_n256_w4": replace(gemv, block_n=256), "gemv_split_x2": replace(gemv, split_k=base.split_k * 2),
+                    "gemv_split_half": replace(gemv, split_k=max(1, base.split_k // 2))}
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_w4a16_decode import _finish
+from .triton_splitk import _finish
 from .triton_w4a16_launch import plan_split_k
 
 

@@ -53,6 +53,8 @@ import triton
 import triton.language as tl
 
 from .packing import PACK_K
+from .triton_splitk import _finish
+from .triton_w4a16_gemv import MAX_GEMV_ROWS, w4a16_gemv
 from .triton_w4a16_launch import DecodeConfig, decode_config, plan_split_k
 
 MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
@@ -365,35 +367,6 @@ def _w4a16_decode_tile_kernel(
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
 
-@triton.jit
-def _finish(acc, pid_k, tile, offs_m, offs_n, mask_m, mask_n, M, N, bias_ptr, partial_ptr, counter_ptr, out_ptr,
-            SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # Split-K epilogue: partial sums to the workspace; the last split of the tile to arrive adds them in
-    # split order (deterministic), adds the bias, writes the output and resets the tile's counter.
-    out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    mask_out = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K > 1:
-        tl.store(partial_ptr + pid_k.to(tl.int64) * M * N + out_offs, acc, mask=mask_out)
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:  # the last split of this tile: reduce in split order
-            acc = tl.zeros(acc.shape, dtype=tl.float32)
-            for split in range(SPLIT_K):
-                acc += tl.load(partial_ptr + split * M * N + out_offs, mask=mask_out, other=0.0,
-                               cache_modifier=".cg")
-            _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HAS_BIAS)
-            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
-    else:
-        _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HAS_BIAS)
-
-
-@triton.jit
-def _store_output(acc, bias_ptr, out_ptr, out_offs, offs_n, mask_n, mask_out, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
-
-
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                  group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  counters: torch.Tensor | None = None, num_sms: int = 132,
@@ -422,6 +395,8 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
+    if config.gemv and M <= MAX_GEMV_ROWS and group_size % PACK_K == 0:
+        return w4a16_gemv(x, qweight, scales, qzeros, group_size, config, perm=perm, bias=bias, counters=counters)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,

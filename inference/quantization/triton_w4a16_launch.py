@@ -46,7 +46,9 @@ def plan_split_k(M: int, N: int, k_tiles: int, split_k: int, block_m: int, block
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel: output tile width, K split, warps and pipeline stages."""
+    """Launch parameters of the decode kernels: output tile width, K split, warps, pipeline stages, and which
+    kernel and loop variant runs (``prefetch``: the next K tile's loads issued while a tile computes, in the tile
+    and GEMV kernels)."""
 
     block_n: int
     split_k: int
@@ -57,6 +59,7 @@ class DecodeConfig:
     x_sums: bool = False  # tile kernel without zero_in_regs: each tile's sum(x) from the x tile, not an all-ones MMA
     prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
     x_in_loop: bool = False  # tile kernel: x tiles async-copied by Triton's pipeliner, not loaded ahead into registers
+    gemv: bool = False  # up to 4 rows, groups of a multiple of 128: the CUDA-core kernel (triton_w4a16_gemv)
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:

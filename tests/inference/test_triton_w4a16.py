@@ -20,6 +20,7 @@ from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
 from inference.quantization.linear import QuantizedLinear  # noqa: E402
 from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
+from inference.quantization.triton_w4a16_gemv import w4a16_gemv  # noqa: E402
 from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config  # noqa: E402
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
@@ -115,6 +116,53 @@ def test_decode_tile_kernel_loop_variants_match_the_reference(x_sums, prefetch, 
     torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
 
 
+# The CUDA-core GEMV kernel: 1-4 rows (3 pads to a 4-row block), N not a multiple of the tile (80), groups of
+# 256 over two splits, each with and without the next tile's loads issued one iteration ahead
+@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, block_n", [
+    (1, 256, 64, 128, 1, torch.float32, 32),
+    (1, 384, 80, 128, 2, torch.bfloat16, 64),
+    (2, 1024, 64, 256, 2, torch.float16, 64),
+    (3, 512, 96, 128, 3, torch.bfloat16, 32),
+    (4, 256, 128, 128, 2, torch.float16, 128),
+])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_gemv_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, prefetch):
+    torch.manual_seed(M + K + N)
+    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
+    x = torch.randn(M, K, device=DEVICE).to(dtype)
+    bias = torch.randn(N, device=DEVICE).to(dtype)
+    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias,
+                       config=DecodeConfig(block_n, split_k, gemv=True, prefetch=prefetch))
+    assert out.dtype == dtype and out.shape == (M, N)
+    torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float() + bias.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(dtype):
+    K, N, group_size = 384, 64, 128
+    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
+    perm = torch.randperm(K, device=DEVICE)
+    counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    x = torch.randn(2, K, device=DEVICE).to(dtype)
+    for _ in range(2):  # the second call finds the counters the first one left
+        out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, counters=counters,
+                           config=DecodeConfig(32, 3, gemv=True))
+        torch.testing.assert_close(out.float(), x[:, perm].float() @ dense.to(dtype).float(), **TOL[dtype])
+    assert counters.count_nonzero() == 0
+
+
+def test_gemv_kernel_names_its_row_and_group_limits():
+    qweight, scales, qzeros, dense = _random_int4(256, 32, 64)
+    with pytest.raises(ValueError, match=r"at most 4 rows \(got 5\)"):
+        w4a16_gemv(torch.randn(5, 256, device=DEVICE), qweight, scales, qzeros, 64, DecodeConfig(32, 1))
+    with pytest.raises(ValueError, match=r"multiple of 128 \(got 64\)"):
+        w4a16_gemv(torch.randn(1, 256, device=DEVICE), qweight, scales, qzeros, 64, DecodeConfig(32, 1))
+    # through the decode entry point, rows and groups it cannot take go to the MMA kernels
+    x = torch.randn(5, 256, device=DEVICE)
+    out = w4a16_decode(x, qweight, scales, qzeros, 64, config=DecodeConfig(32, 1, gemv=True))
+    torch.testing.assert_close(out, x @ dense, **TOL[torch.float32])
+
+
 def test_decode_kernels_lop3_sets_the_mantissa_of_each_dtypes_offset():
     """The compiled path ORs each code into ``OFFSET``'s mantissa with one ``lop3`` (``_code_pairs``), which the
     interpreter never runs: its constants and truth table must give ``(w & 0x000F000F) | OFFSET`` bits in both
@@ -131,14 +179,35 @@ def test_decode_kernels_lop3_sets_the_mantissa_of_each_dtypes_offset():
         mask, constant, lut = int(mask, 16), int(constant, 16), int(lut, 16)
         magic, offset = decode._CODE_OFFSET[dtype]
         for w in words:
-            w &= 0xFFFFFFFF
-            out = 0
-            for bit in range(32):  # lop3: bit i of the result is lut's bit (a_i << 2 | b_i << 1 | c_i)
-                index = ((w >> bit) & 1) << 2 | ((mask >> bit) & 1) << 1 | ((constant >> bit) & 1)
-                out |= ((lut >> index) & 1) << bit
-            assert out == (w & 0x000F000F) | (magic * 0x10001)
+            assert _lop3(w & 0xFFFFFFFF, mask, constant, lut) == (w & 0xFFFFFFFF & 0x000F000F) | (magic * 0x10001)
         low = torch.tensor([magic | 5], dtype=torch.int16).view(dtype)   # code 5 in the low half
         assert float(low) == offset + 5
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    """PTX ``lop3.b32``: bit i of the result is bit ``a_i << 2 | b_i << 1 | c_i`` of ``lut``."""
+    out = 0
+    for bit in range(32):
+        out |= ((lut >> (((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1))) & 1) << bit
+    return out
+
+
+def test_gemv_kernels_lop3_puts_each_nibble_in_a_float32_mantissa():
+    """The GEMV kernel's compiled path (``_slot``, which the interpreter never runs) keeps nibble i of a word in
+    place and ORs in 2^23's exponent: the float32 is 2^23 + code * 16^i, for i = 0..3 in that order."""
+    import inspect
+    import re
+
+    from inference.quantization import triton_w4a16_gemv as gemv
+    found = re.findall(r'lop3\.b32 \$0, \$1, (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+);',
+                       inspect.getsource(gemv._slot.fn))
+    assert len(found) == 4
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (300,), dtype=torch.int64).tolist()
+    for i, (mask, constant, lut) in enumerate(found):
+        for w in words:
+            bits = _lop3(w & 0xFFFFFFFF, int(mask, 16), int(constant, 16), int(lut, 16))
+            value = float(torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32))
+            assert value == 2 ** 23 + ((w >> (4 * i)) & 0xF) * 16 ** i
 
 
 def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
@@ -287,8 +356,8 @@ def test_large_row_counts_take_the_dequantize_path_and_smaller_ones_the_kernels(
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the launches above compile the PTX path themselves")
 def test_decode_kernels_packed_subtraction_compiles_for_hopper():
-    """The interpreter runs the tile kernel's element-by-element stand-in for the packed PTX subtraction
-    (``ASM`` off); the PTX path (bfloat16 and float16) must compile for sm_90 too."""
+    """The interpreter runs the tile and GEMV kernels' element-by-element stand-ins for their inline PTX (``ASM``
+    off); the PTX paths (bfloat16 and float16) must compile for sm_90 too."""
     from .triton_compile import compile_for_hopper, record_launches
     qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
     launches = []
@@ -298,6 +367,13 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
     for dtype, config in itertools.product((torch.bfloat16, torch.float16), configs):
         with record_launches() as recorded:
             w4a16_decode(torch.randn(2, 256).to(dtype), qweight, scales, qzeros, 128, config=config)
+        for launch in recorded:
+            launch["args"]["ASM"] = {"const": True}
+        launches += recorded
+    for dtype, rows, prefetch in itertools.product((torch.bfloat16, torch.float16), (1, 2), (True, False)):
+        with record_launches() as recorded:  # the GEMV kernel's lop3 path
+            w4a16_decode(torch.randn(rows, 256).to(dtype), qweight, scales, qzeros, 128,
+                         config=DecodeConfig(128, 2, gemv=True, prefetch=prefetch))
         for launch in recorded:
             launch["args"]["ASM"] = {"const": True}
         launches += recorded
