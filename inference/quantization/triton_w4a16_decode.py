@@ -35,7 +35,9 @@ computes (``prefetch``): the per-tile epilogue, which waits for the tile's MMA, 
 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
-output in ``x.dtype``: one launch per linear, deterministic, no memset, safe inside CUDA graphs.
+output in ``x.dtype`` (``triton_splitk._finish``): one launch per linear, deterministic, no memset, safe
+inside CUDA graphs. ``DecodeConfig(gemv=True)`` sends up to four rows to the CUDA-core kernel of
+``triton_w4a16_gemv`` instead (same layout and epilogue, no MMA).
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``

@@ -101,6 +101,8 @@ def _w4a16_gemv_kernel(
     r3 = offs_r[None, :, None]
     k_word = 64 * (r3 // 8) + 2 * (r3 % 8)                                                    # [1, 16, 1]
     x_rows = x_ptr + offs_m[None, None, :].to(tl.int64) * stride_xm                          # [1, 1, BM]
+    x_ptrs = x_rows + (first * 128 + k_word)               # [1, 16, BM]: each word row's first input row in tile t
+    perm_ptrs = perm_ptr + (first * 128 + k_word)          # act-order: the column of x that input row reads
     w_ptrs = qweight_ptr + (first * 16 + r3).to(tl.int64) * N + n3                           # [BN, 16, 1]
     # one scale and zero word per column, loaded as [BN, 16, 1] like the words (4 columns a thread): no
     # layout conversion, so no shared memory and no barrier in the loop
@@ -120,18 +122,21 @@ def _w4a16_gemv_kernel(
             words, s, zp = _tile_loads(w_ptrs, scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, n3, n_vec, N, EVEN_N)
             w_ptrs += 16 * N
         s = s.to(tl.float32)
-        z = ((zp >> ((n3 % 8) * 4)) & 0xF).to(tl.float32)
+        # 2^23 + z: the zero point OR-ed into 2^23's mantissa, as the codes are (no integer-to-float conversion)
+        z_magic = (((zp >> ((n3 % 8) * 4)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
         part = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
         for e in tl.static_range(2):
             half = words if e == 0 else words >> 16  # the high half's arithmetic shift fills bits the masks clear
             for i in tl.static_range(4):
                 # (2^23 + c 16^i) 16^-i - (2^23 16^-i + z) = c - z, exact in one FMA
-                w = _slot(half, i, ASM) * (1.0 / (1 << (4 * i))) - (8388608.0 / (1 << (4 * i)) + z)
-                k = t * 128 + k_word + 16 * i + e                                                # [1, 16, 1]
+                w = _slot(half, i, ASM) * (1.0 / (1 << (4 * i))) - (z_magic - (8388608.0 - 8388608.0 / (1 << (4 * i))))
                 if HAS_PERM:
-                    k = tl.load(perm_ptr + k)
-                xi = tl.load(x_rows + k, mask=(offs_m < M)[None, None, :], other=0.0)          # [1, 16, BM]
+                    xi = tl.load(x_rows + tl.load(perm_ptrs + (16 * i + e)), mask=mask_m[None, None, :], other=0.0)
+                else:
+                    xi = tl.load(x_ptrs + (16 * i + e), mask=mask_m[None, None, :], other=0.0)   # [1, 16, BM]
                 part += w * xi.to(tl.float32)
+        x_ptrs += 128
+        perm_ptrs += 128
         acc += part * s
     _finish(tl.sum(acc, axis=1).trans(), pid_k, pid_n + pid_m * tl.num_programs(0), offs_m, offs_n, mask_m, mask_n,
             M, N, bias_ptr, partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
