@@ -5,16 +5,17 @@ At one row the MMA tile kernel (:mod:`.triton_w4a16_decode`) wastes 15 of the MM
 not the MMA but the per-tile epilogue that waits for it: the group's scale, zero point and the x tile meet the
 accumulator in the MMA's layout, and every such layout conversion is a block barrier (7-8 a K tile in the sm_90
 SASS; ``benchmarks/w4a16_stage_probe.py``). Here every value a thread touches lives in one layout, that of the
-packed words it loads: each thread keeps float32 partial sums ``[BLOCK_M, its columns, its word rows]`` over
+packed words it loads: each thread keeps float32 partial sums ``[its columns, its word rows, BLOCK_M]`` over
 the whole K split, and the word rows are summed across threads once, at the end.
 
-Per weight and row the loop issues one ``lop3``, one add and one FMA. A code ``c`` in bits ``4i..4i+3`` of a
-16-bit half (``i`` < 4) becomes a float32 by masking it in place and OR-ing in the exponent of ``2^23``: the float
-is ``2^23 + c * 16^i`` exactly, from which one add of ``-(2^23 + z * 16^i)`` leaves ``(c - z) * 16^i``, exact;
-the matching activation is pre-scaled by ``16^-i`` (a power of two, exact), so the FMA adds ``(c - z) * x``.
-Only the high half of each word needs a shift. Per K tile and group the partial sums take the group's scale.
-(The exponent trick: Kim et al., 2022, "Who Says Elephants Can't Run", arXiv:2211.10017; here in float32, with
-the position of the code folded into the activation instead of shifting every code down.)
+Per weight the loop issues one ``lop3`` and one FMA to dequantize, and one FMA per row. A code ``c`` in bits
+``4i..4i+3`` of a 16-bit half (``i`` < 4) becomes a float32 by masking it in place and OR-ing in the exponent of
+``2^23``: the float is ``2^23 + c * 16^i`` exactly, and one FMA, ``that * 16^-i - (2^23 * 16^-i + z)``, leaves
+``c - z`` exactly (scaling by a power of two is exact, and so is the difference of two integers below 2^24).
+The zero point's ``2^23 + z`` comes from the same OR. Only the high half of each word needs a shift. Per K tile
+and group the partial sums take the group's scale. (The exponent trick: Kim et al., 2022, "Who Says Elephants
+Can't Run", arXiv:2211.10017; here in float32, with the nibble's position folded into the FMA's factor instead
+of shifting every code down.)
 
 Weights, scales, zero points, act-order ``perm`` and the split-K epilogue are the tile kernel's
 (``packing.pack_ktiled`` layout, groups of a multiple of 128 rows). Reference, CPU path and test oracle:
