@@ -97,7 +97,7 @@ def main() -> None:
         for prefetch in (True, False):
             report(f"gemv{' prefetch' if prefetch else ''} BM{block_m} BN{block_n} w{warps}", _w4a16_gemv_kernel,
                    dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True,
-                        EVEN_N=True, ASM=True, PREFETCH=prefetch), warps, 1,
+                        EVEN_N=True, ASM=True, PREFETCH=prefetch, X_PAIRS=True), warps, 1,
                    weights_per_thread=16 * block_n * 8 // (32 * warps))
     report("gemm BM64 BN128 (prefill)", _w4a16_kernel, dict(GROUP_SIZE=128, BLOCK_M=64, BLOCK_N=128,
                                                             DOT_PRECISION="tf32", ROW_GROUPS=False), 4, 3,

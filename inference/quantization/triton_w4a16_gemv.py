@@ -76,12 +76,34 @@ def _tile_loads(w_ptrs, scales_ptr, qzeros_ptr, group, n3, n_vec, N, EVEN_N: tl.
 
 
 @triton.jit
+def _x_pair(x_ptrs, x_rows, perm_ptrs, off: tl.constexpr, mask, HAS_PERM: tl.constexpr, X_PAIRS: tl.constexpr):
+    # x at input rows ``off`` and ``off + 1`` after each word row's first (the slots of its low and high halves), as
+    # float32 [1, 16, BM]. X_PAIRS: 16-bit x, both in one 32-bit load (the host checked the alignment); bfloat16
+    # widens by a shift or a mask, float16 by a conversion of each half.
+    if HAS_PERM:
+        lo = tl.load(x_rows + tl.load(perm_ptrs + off), mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(x_rows + tl.load(perm_ptrs + (off + 1)), mask=mask, other=0.0).to(tl.float32)
+    elif X_PAIRS:
+        both = tl.load((x_ptrs + off).to(tl.pointer_type(tl.int32), bitcast=True), mask=mask, other=0)
+        if x_ptrs.dtype.element_ty == tl.bfloat16:
+            lo = (both << 16).to(tl.float32, bitcast=True)
+            hi = (both & -65536).to(tl.float32, bitcast=True)
+        else:
+            lo = both.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (both >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        lo = tl.load(x_ptrs + off, mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(x_ptrs + (off + 1), mask=mask, other=0.0).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, perm_ptr, bias_ptr, partial_ptr, counter_ptr, out_ptr,
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, X_PAIRS: tl.constexpr,
 ):
     # Grid (N tiles, M tiles, K splits). Word row r = 8h + p of a K tile holds, in its half e (bits 16e..), input
     # rows 64h + 16i + 2p + e in nibble i (packing.pack_ktiled): slot (e, i) of word row r multiplies x at
@@ -126,16 +148,13 @@ def _w4a16_gemv_kernel(
         # 2^23 + z: the zero point OR-ed into 2^23's mantissa, as the codes are (no integer-to-float conversion)
         z_magic = (((zp >> ((n3 % 8) * 4)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
         part = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
-        for e in tl.static_range(2):
-            half = words if e == 0 else words >> 16  # the high half's arithmetic shift fills bits the masks clear
-            for i in tl.static_range(4):
-                # (2^23 + c 16^i) 16^-i - (2^23 16^-i + z) = c - z, exact in one FMA
-                w = _slot(half, i, ASM) * (1.0 / (1 << (4 * i))) - (z_magic - (8388608.0 - 8388608.0 / (1 << (4 * i))))
-                if HAS_PERM:
-                    xi = tl.load(x_rows + tl.load(perm_ptrs + (16 * i + e)), mask=mask_m[None, None, :], other=0.0)
-                else:
-                    xi = tl.load(x_ptrs + (16 * i + e), mask=mask_m[None, None, :], other=0.0)   # [1, 16, BM]
-                part += w * xi.to(tl.float32)
+        high = words >> 16  # the high halves; the arithmetic shift fills bits the masks clear
+        for i in tl.static_range(4):
+            x_lo, x_hi = _x_pair(x_ptrs, x_rows, perm_ptrs, 16 * i, mask_m[None, None, :], HAS_PERM, X_PAIRS)
+            # (2^23 + c 16^i) 16^-i - (2^23 16^-i + z) = c - z, exact in one FMA
+            offset = z_magic - (8388608.0 - 8388608.0 / (1 << (4 * i)))
+            part += (_slot(words, i, ASM) * (1.0 / (1 << (4 * i))) - offset) * x_lo
+            part += (_slot(high, i, ASM) * (1.0 / (1 << (4 * i))) - offset) * x_hi
         x_ptrs += 128
         perm_ptrs += 128
         acc += part * s
@@ -160,6 +179,9 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qze
                          f"is a multiple of {PACK_K} (got {group_size})")
     if x.stride(1) != 1:
         x = x.contiguous()
+    pairs = x.dtype in (torch.float16, torch.bfloat16) and perm is None
+    if pairs and (x.stride(0) % 2 or x.data_ptr() % 4):  # 32-bit loads of two values need 4-byte alignment
+        x = x.clone()
     block_m = triton.next_power_of_2(M)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,
@@ -170,5 +192,5 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qze
         M, N, K, scales.shape[0], x.stride(0), plan.tiles_per_split,
         GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=plan.grid[2],
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, EVEN_N=N % config.block_n == 0,
-        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages)
+        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=config.prefetch, X_PAIRS=pairs, num_warps=config.num_warps, num_stages=config.num_stages)
     return out

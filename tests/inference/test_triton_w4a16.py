@@ -151,6 +151,19 @@ def test_gemv_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(d
     assert counters.count_nonzero() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_kernel_reads_activations_at_an_odd_offset(dtype):
+    """Two 16-bit activations travel in one 32-bit load; a row slice starting at an odd column (not 4-byte
+    aligned, odd row stride) must still be read right."""
+    K, N = 256, 64
+    qweight, scales, qzeros, dense = _random_int4(K, N, 128)
+    wide = torch.randn(2, K + 3, device=DEVICE).to(dtype)
+    x = wide[:, 1:K + 1]
+    assert x.data_ptr() % 4 and x.stride(0) % 2
+    out = w4a16_decode(x, qweight, scales, qzeros, 128, config=DecodeConfig(32, 2, gemv=True))
+    torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float(), **TOL[dtype])
+
+
 def test_gemv_kernel_names_its_row_and_group_limits():
     qweight, scales, qzeros, dense = _random_int4(256, 32, 64)
     with pytest.raises(ValueError, match=r"at most 4 rows \(got 5\)"):
