@@ -243,7 +243,7 @@ for step in "$@"; do
         --max-model-len 1024 $([ $q = awq ] && echo --quantization awq) --profile-steps 16 \
         --output-json "$(name decode-kernel-profile-$q-b$b)"
     done; done ;;
-  w4a16) run_step w4a16 270 $PY benchmarks/w4a16_sweep.py --output-json "$(name w4a16-sweep)" ;;
+  w4a16) run_step w4a16 360 $PY benchmarks/w4a16_sweep.py --output-json "$(name w4a16-sweep)" ;;
   w1-profile)
     run_step w1-profile 250 $TP $W1 --profile-steps 16 --output-json "$(name w1-kernel-profile)"
     run_step w1-fp8-profile 250 $TP $W1 --quantization fp8 --profile-steps 16 --output-json "$(name w1-fp8-kernel-profile)" ;;
