@@ -48,8 +48,6 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -387,17 +385,21 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         num_sms: SMs to fill; config: launch parameters (default ``decode_config``).
 
     Raises:
-        ValueError: ``M > 64``, or ``group_size`` not a multiple of 16.
+        ValueError: ``M > 64``, ``group_size`` not a multiple of 16, or weights that do not cover ``x``'s K or
+            have another N than the scales.
     """
     M, K = x.shape
     N = qweight.shape[1]
     if M > MAX_DECODE_ROWS or group_size % 16:
         raise ValueError(f"W4A16 decode kernel: needs at most {MAX_DECODE_ROWS} rows (got {M}) and a group "
                          f"size that is a multiple of 16 (got {group_size})")
+    if qweight.shape[0] * 8 < K or scales.shape[0] * group_size < K or scales.shape[1] != N:
+        raise ValueError(f"W4A16 decode kernel: x has {K} input features; qweight {tuple(qweight.shape)} and scales "
+                         f"{tuple(scales.shape)} (group size {group_size}) cover fewer, or another output width")
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    if config.gemv and M <= MAX_GEMV_ROWS and group_size % PACK_K == 0:
+    if config.gemv and M <= MAX_GEMV_ROWS and group_size % PACK_K == 0 and K % PACK_K == 0:
         return w4a16_gemv(x, qweight, scales, qzeros, group_size, config, perm=perm, bias=bias, counters=counters)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -420,7 +422,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
         meta["PREFETCH"], meta["X_IN_LOOP"] = config.prefetch, config.x_in_loop
-        meta["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
+        meta["ASM"] = not triton.knobs.runtime.interpret
     else:
         kernel, meta["CHUNKS_PER_GROUP"] = _w4a16_decode_kernel, chunks_per_group
     kernel[plan.grid](*args, **meta)

@@ -23,8 +23,6 @@ Weights, scales, zero points, act-order ``perm`` and the split-K epilogue are th
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -170,13 +168,15 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qze
     ``num_warps``, ``num_stages``).
 
     Raises:
-        ValueError: more than ``MAX_GEMV_ROWS`` rows, or ``group_size`` not a multiple of 128.
+        ValueError: more than ``MAX_GEMV_ROWS`` rows, or ``group_size`` or ``K`` not a multiple of 128.
     """
     M, K = x.shape
     N = qweight.shape[1]
-    if M > MAX_GEMV_ROWS or group_size % PACK_K:
-        raise ValueError(f"W4A16 GEMV kernel: needs at most {MAX_GEMV_ROWS} rows (got {M}) and a group size that "
-                         f"is a multiple of {PACK_K} (got {group_size})")
+    if M > MAX_GEMV_ROWS or group_size % PACK_K or K % PACK_K:
+        raise ValueError(f"W4A16 GEMV kernel: needs at most {MAX_GEMV_ROWS} rows (got {M}), and a group size (got "
+                         f"{group_size}) and input features (got {K}) that are multiples of {PACK_K}")
+    if M == 0:
+        return x.new_empty((0, N))
     if x.stride(1) != 1:
         x = x.contiguous()
     pairs = x.dtype in (torch.float16, torch.bfloat16) and perm is None
@@ -192,5 +192,6 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qze
         M, N, K, scales.shape[0], x.stride(0), plan.tiles_per_split,
         GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n, SPLIT_K=plan.grid[2],
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, EVEN_N=N % config.block_n == 0,
-        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=config.prefetch, X_PAIRS=pairs, num_warps=config.num_warps, num_stages=config.num_stages)
+        ASM=not triton.knobs.runtime.interpret, PREFETCH=config.prefetch, X_PAIRS=pairs, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return out

@@ -137,7 +137,7 @@ def test_gemv_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k
     torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float() + bias.float(), **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gemv_kernel_gathers_act_order_columns_and_leaves_its_counters_at_zero(dtype):
     K, N, group_size = 384, 64, 128
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
@@ -168,12 +168,19 @@ def test_gemv_kernel_names_its_row_and_group_limits():
     qweight, scales, qzeros, dense = _random_int4(256, 32, 64)
     with pytest.raises(ValueError, match=r"at most 4 rows \(got 5\)"):
         w4a16_gemv(torch.randn(5, 256, device=DEVICE), qweight, scales, qzeros, 64, DecodeConfig(32, 1))
-    with pytest.raises(ValueError, match=r"multiple of 128 \(got 64\)"):
+    with pytest.raises(ValueError, match=r"group size \(got 64\) and input features \(got 256\) that are multiples"):
         w4a16_gemv(torch.randn(1, 256, device=DEVICE), qweight, scales, qzeros, 64, DecodeConfig(32, 1))
-    # through the decode entry point, rows and groups it cannot take go to the MMA kernels
+    # through the decode entry point, rows, groups and K it cannot take go to the MMA kernels
     x = torch.randn(5, 256, device=DEVICE)
     out = w4a16_decode(x, qweight, scales, qzeros, 64, config=DecodeConfig(32, 1, gemv=True))
     torch.testing.assert_close(out, x @ dense, **TOL[torch.float32])
+    qweight, scales, qzeros, dense = _random_int4(320, 32, 64)   # K = 320: the last tile half padding
+    x = torch.randn(1, 320, device=DEVICE)
+    out = w4a16_decode(x, qweight, scales, qzeros, 64, config=DecodeConfig(32, 2, gemv=True))
+    torch.testing.assert_close(out, x @ dense, **TOL[torch.float32])
+    assert w4a16_decode(x[:0], qweight, scales, qzeros, 64, config=DecodeConfig(32, 2, gemv=True)).shape == (0, 32)
+    with pytest.raises(ValueError, match="x has 384 input features"):
+        w4a16_decode(torch.randn(1, 384, device=DEVICE), qweight, scales, qzeros, 64)
 
 
 def test_decode_kernels_lop3_sets_the_mantissa_of_each_dtypes_offset():
