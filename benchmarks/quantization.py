@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import json
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,7 +44,28 @@ from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
 
 
 def _quantization(method: str) -> str | None:
-    return None if method == "bf16" else method
+    return None if method == "bf16" else method.removesuffix("-gemv")
+
+
+@contextlib.contextmanager
+def _w4a16_kernels(method: str):
+    """``awq-gemv`` / ``gptq-gemv``: the engine's W4A16 decode launches take the CUDA-core GEMV kernel up to its
+    row limit (``DecodeConfig(gemv=True)``, 128-column tiles), to time it end to end before it is a default."""
+    if not method.endswith("-gemv"):
+        yield
+        return
+    from inference.quantization import triton_w4a16_decode as decode
+    from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
+    library_config = decode.decode_config
+
+    def with_gemv(M: int, N: int, K: int, num_sms: int):
+        config = library_config(M, N, K, num_sms)
+        return replace(config, gemv=True, block_n=128) if M <= MAX_GEMV_ROWS else config
+    decode.decode_config = with_gemv
+    try:
+        yield
+    finally:
+        decode.decode_config = library_config
 
 
 def decode_latency(args, method: str) -> dict:
@@ -150,7 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-7b")
     parser.add_argument("--methods", nargs="+", default=["bf16", "awq", "gptq", "fp8"],
-                        choices=["bf16", "awq", "gptq", "fp8"])
+                        choices=["bf16", "awq", "gptq", "fp8", "awq-gemv", "gptq-gemv"],
+                        help="awq-gemv / gptq-gemv: decode through the CUDA-core W4A16 kernel up to 4 rows")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
@@ -185,7 +209,8 @@ def main() -> None:
             print("kernel microbenchmarks need CUDA: skipped")
     if not args.skip_decode:
         for method in args.methods:
-            result["decode"][method] = decode_latency(args, method)
+            with _w4a16_kernels(method):
+                result["decode"][method] = decode_latency(args, method)
             save()
         if "bf16" in result["decode"]:
             base = result["decode"]["bf16"]["step_ms"]
