@@ -50,7 +50,7 @@ def test_completions_stream_equals_non_stream(stack):
 def test_every_stream_ends_with_done_and_usage_chunk(stack):
     for path, body in [("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "Hi"})]:
         status, headers, raw = http("POST", stack.base_url + path, dict(
-            body, model=MODEL, max_tokens=8, stream=True, stream_options={"include_usage": True}))
+            body, model=MODEL, max_tokens=8, ignore_eos=True, stream=True, stream_options={"include_usage": True}))
         assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
         events = sse_events(raw)
         assert events[-1] == "[DONE]"
