@@ -230,7 +230,8 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
             configs = {"default": base}
         configs |= {"gemv": gemv, "gemv_no_prefetch": replace(gemv, prefetch=False),
                     "gemv_n64": replace(gemv, block_n=64), "gemv_n256_w8": replace(gemv, block_n=256, num_warps=8),
-                    "gemv_n256_w4": replace(gemv, block_n=256), "gemv_split_x2": replace(gemv, split_k=base.split_k * 2),
+                    "gemv_n256_w4": replace(gemv, block_n=256),
+                    "gemv_split_x2": replace(gemv, split_k=base.split_k * 2),
                     "gemv_split_half": replace(gemv, split_k=max(1, base.split_k // 2))}
     out = {}
     for label, config in configs.items():

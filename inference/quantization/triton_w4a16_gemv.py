@@ -130,8 +130,8 @@ def _w4a16_gemv_kernel(
     n_vec = tl.max_contiguous(n3, [4, 1, 1]) + 0 * r3
     acc = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
     if PREFETCH:
-        words_next, s_next, zp_next = _tile_loads(w_ptrs, scales_ptr, qzeros_ptr, (first * 128) // GROUP_SIZE, n3, n_vec,
-                                                  N, EVEN_N)
+        words_next, s_next, zp_next = _tile_loads(w_ptrs, scales_ptr, qzeros_ptr, (first * 128) // GROUP_SIZE, n3,
+                                                  n_vec, N, EVEN_N)
     for t in range(first, last):
         if PREFETCH:  # this tile's loads were issued during the last tile; issue the next tile's now
             words, s, zp = words_next, s_next, zp_next
