@@ -27,7 +27,6 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,17 +49,17 @@ def _quantization(method: str) -> str | None:
 @contextlib.contextmanager
 def _w4a16_kernels(method: str):
     """``awq-gemv`` / ``gptq-gemv``: the engine's W4A16 decode launches take the CUDA-core GEMV kernel up to its
-    row limit (``DecodeConfig(gemv=True)``, 128-column tiles), to time it end to end before it is a default."""
+    row limit (``gemv_config``), to time it end to end before it is a default."""
     if not method.endswith("-gemv"):
         yield
         return
     from inference.quantization import triton_w4a16_decode as decode
     from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
+    from inference.quantization.triton_w4a16_launch import gemv_config
     library_config = decode.decode_config
 
     def with_gemv(M: int, N: int, K: int, num_sms: int):
-        config = library_config(M, N, K, num_sms)
-        return replace(config, gemv=True, block_n=128) if M <= MAX_GEMV_ROWS else config
+        return (gemv_config if M <= MAX_GEMV_ROWS else library_config)(M, N, K, num_sms)
     decode.decode_config = with_gemv
     try:
         yield

@@ -117,7 +117,7 @@ def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
     from inference.quantization.triton_w4a16_dequant import dequant_matmul
     from inference.quantization.triton_w4a16_decode import MAX_DECODE_ROWS, w4a16_decode
     from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
-    from inference.quantization.triton_w4a16_launch import decode_config
+    from inference.quantization.triton_w4a16_launch import decode_config, gemv_config
 
     def args(i):
         return i.qweight, i.scales, i.qzeros, i.group_size
@@ -132,7 +132,7 @@ def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
     if M <= MAX_DECODE_ROWS:
         paths["decode"] = lambda x, i: w4a16_decode(x, *args(i), counters=i.split_k_counters, num_sms=num_sms)
     if M <= MAX_GEMV_ROWS:
-        gemv = replace(decode_config(M, N, K, num_sms), gemv=True, block_n=128)
+        gemv = gemv_config(M, N, K, num_sms)
         paths["gemv"] = lambda x, i: w4a16_decode(x, *args(i), counters=i.split_k_counters, config=gemv)
     if 32 <= M <= 256:
         paths["gemm"] = lambda x, i: w4a16_gemm(x, *args(i), num_sms)
@@ -211,7 +211,7 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     """Microseconds and int4 GB/s of the decode kernel under configs around ``decode_config``."""
     from inference.quantization.triton_w4a16_decode import w4a16_decode
     from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
-    from inference.quantization.triton_w4a16_launch import decode_config
+    from inference.quantization.triton_w4a16_launch import decode_config, gemv_config
     base = decode_config(M, N, K, num_sms)
     configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
                "split_half": replace(base, split_k=max(1, base.split_k // 2)),
@@ -225,14 +225,16 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
                "x_in_loop_zero_in_regs": replace(base, x_in_loop=True, zero_in_regs=True),
                "x_in_loop_zero_in_regs_n128": replace(base, x_in_loop=True, block_n=128, zero_in_regs=True)}
     if M <= MAX_GEMV_ROWS:  # the CUDA-core kernel: output tile width, warps, the next tile's loads ahead or not
-        gemv = replace(base, gemv=True, block_n=128, num_warps=4)
+        gemv = gemv_config(M, N, K, num_sms)
         if M > 1:  # the MMA kernel's variants are swept at 1 row and from 8
             configs = {"default": base}
         configs |= {"gemv": gemv, "gemv_no_prefetch": replace(gemv, prefetch=False),
                     "gemv_n64": replace(gemv, block_n=64), "gemv_n256_w8": replace(gemv, block_n=256, num_warps=8),
                     "gemv_n256_w4": replace(gemv, block_n=256),
-                    "gemv_split_x2": replace(gemv, split_k=base.split_k * 2),
-                    "gemv_split_half": replace(gemv, split_k=max(1, base.split_k // 2))}
+                    "gemv_split_x2": replace(gemv, split_k=gemv.split_k * 2),
+                    "gemv_split_x4": replace(gemv, split_k=gemv.split_k * 4),
+                    "gemv_no_prefetch_split_x2": replace(gemv, prefetch=False, split_k=gemv.split_k * 2),
+                    "gemv_split_half": replace(gemv, split_k=max(1, gemv.split_k // 2))}
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"

@@ -83,3 +83,13 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     split_k = max(1, min(split_k, 16, k_tiles // 3))
     return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small,
                         x_sums=small)
+
+
+def gemv_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
+    """A config for the CUDA-core GEMV kernel (``M <= 4``, ``triton_w4a16_gemv``): 128-column tiles of 4 warps (four
+    columns a thread, one 16-byte load of each word row), and K split to the power of two nearest to about four
+    programs per SM, at most 16 splits of at least two 128-row K tiles. Not yet timed on a GPU (the sweep's ``gemv*``
+    configs vary the tile width, warps and split around it); ``decode_config`` does not choose it."""
+    k_tiles = triton.cdiv(K, PACK_K)
+    split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, 128)))))
+    return DecodeConfig(block_n=128, split_k=max(1, min(split_k, 16, k_tiles // 2)), num_warps=4, gemv=True)

@@ -21,7 +21,7 @@ from inference.quantization.linear import QuantizedLinear  # noqa: E402
 from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_gemv import w4a16_gemv  # noqa: E402
-from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config  # noqa: E402
+from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config, gemv_config  # noqa: E402
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 
@@ -241,6 +241,14 @@ def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
     assert decode_config(17, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
     assert decode_config(64, 3584, 3584, num_sms=132).zero_in_regs
     assert decode_config(1, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
+    assert not gate_up.gemv  # the GEMV kernel is not a default until a GPU has timed it
+
+
+def test_gemv_config_fills_the_sms_and_gives_each_split_two_k_tiles():
+    gate_up, o_proj = gemv_config(1, 37888, 3584, num_sms=132), gemv_config(1, 3584, 3584, num_sms=132)
+    assert gate_up.gemv and gate_up.block_n == 128 and 37888 // 128 * gate_up.split_k >= 2 * 132
+    assert o_proj.split_k == 14 and 28 * o_proj.split_k >= 2 * 132   # 28 K tiles: splits of two
+    assert gemv_config(1, 64, 256, num_sms=132).split_k == 1
 
 
 @pytest.mark.parametrize("M, K, group_size", [(40, 320, 64), (33, 256, 128)])
