@@ -354,7 +354,7 @@ def _w4a16_decode_tile_kernel(
             else:
                 a = _tile_operand(words, MAGIC, BLOCK_N, False, z.to(tl.int32), xt.dtype == tl.bfloat16, ASM)
                 acc += tl.dot(a.to(xt.dtype, bitcast=True), xt) * s[:, None]        # a = code - zero, exact
-        else:  # float32 activations: the operand is the code itself and OFFSET is 0
+        else:  # zero point taken off after the MMA (float32: the operand is the code itself, OFFSET 0)
             if xt.dtype == tl.float32:
                 part = tl.dot(_tile_operand(words, MAGIC, BLOCK_N, True), xt, input_precision="ieee")
             else:
