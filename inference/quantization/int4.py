@@ -1,6 +1,6 @@
 """AWQ and GPTQ 4-bit weights (W4A16): loaded in their published layouts, repacked once into the
-internal layout of ``packing``, multiplied by the Triton W4A16 kernel on CUDA and by
-dequantize-then-matmul (the reference) elsewhere.
+internal layout of ``packing``, multiplied by the Triton W4A16 kernel on CUDA and, elsewhere, by
+dequantize-then-matmul (the reference), with the dequantized weights kept from load on a CPU.
 """
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ class Int4LinearMethod(LinearMethodBase):
     After loading, the layer holds ``qweight [K_pad/8, N]`` int32 in the K-tiled layout of ``packing``,
     ``qzeros [G, N/8]`` int32 (true zero points), ``scales [G, N]`` float16, ``perm [K]`` int64 when
     act-order scattered the groups (rows are then sorted by group and ``x`` is permuted the same way),
-    and the decode kernel's ``split_k_counters`` int32 buffer.
+    and the decode kernel's ``split_k_counters`` int32 buffer. On a CPU the layer also keeps
+    ``dense_weight [K, N]`` in its parameters' dtype, dequantized once at load: the CPU has no int4
+    kernel here (torch's ``_weight_int4pack_mm_for_cpu`` took 10-40x float32's time at 1-512 rows on
+    the 0.5B shape's gate_up), and dequantizing every weight at every step made a decode step about 15x
+    slower than the unquantized model's, so int4 saves disk and GPU memory, not CPU memory.
 
     Tensor parallelism (``K``, ``N``: this rank's features): a column-parallel rank holds its output
     columns of every tensor. A row-parallel rank holds its input rows of ``qweight`` and the groups
@@ -117,6 +121,8 @@ class Int4LinearMethod(LinearMethodBase):
             # The decode kernel's split-K arrival counters: zero between calls (the kernel resets them).
             layer.register_buffer("split_k_counters", torch.zeros(
                 packing.counters_size(layer.out_features), dtype=torch.int32, device=codes.device), persistent=False)
+            dense = self.dequantized_weight(layer, layer.params_dtype) if codes.device.type == "cpu" else None
+            layer.register_buffer("dense_weight", dense, persistent=False)
 
     @staticmethod
     def _act_order_perm(layer: QuantizedLinear, g_idx: torch.Tensor) -> torch.Tensor:
@@ -141,5 +147,8 @@ class Int4LinearMethod(LinearMethodBase):
                                 bias=layer.fused_bias, counters=layer.split_k_counters, row_groups=layer.row_groups)
         if layer.perm is not None:
             x = x.index_select(1, layer.perm)
-        out = torch.matmul(x, self.dequantized_weight(layer, x.dtype))
+        weight = layer.dense_weight
+        if weight is None or weight.dtype != x.dtype or weight.device != x.device:
+            weight = self.dequantized_weight(layer, x.dtype)
+        out = torch.matmul(x, weight)
         return out if layer.fused_bias is None else out + layer.fused_bias.to(out.dtype)

@@ -99,6 +99,7 @@ class QuantizedLinear(nn.Module):
                  partition: LinearPartition | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.params_dtype = params_dtype
         self.method = method
         self.offsets: dict[str, tuple[int, int]] = {}
         self._whole_loaded: set[str] = set()
@@ -318,4 +319,9 @@ def log_weight_memory(model: nn.Module, config: QuantizationConfig) -> WeightMem
                 memory.quantized_bytes / GiB, 100 * memory.quantized_ratio, memory.quantized_bf16_bytes / GiB,
                 memory.total_bytes / GiB, 100 * memory.total_ratio, memory.total_bf16_bytes / GiB,
                 (memory.total_bytes - memory.quantized_bytes) / GiB)
+    dense = sum(m.dense_weight.numel() * m.dense_weight.element_size() for m in model.modules()
+                if isinstance(m, QuantizedLinear) and getattr(m, "dense_weight", None) is not None)
+    if dense:
+        logger.info("Quantization %s: on the CPU the quantized layers are also held dequantized (%.2f GiB), "
+                    "as the CPU has no int4 kernel", config.method, dense / GiB)
     return memory

@@ -56,7 +56,7 @@ def _checkpoint_linear(method: str, weight: torch.Tensor, group_size: int, H: to
 @pytest.mark.parametrize("method, group_size, desc_act", [("awq", 32, False), ("awq", -1, False),
                                                           ("gptq", 32, False), ("gptq", 32, True),
                                                           ("gptq", -1, True)])
-def test_fused_quantized_linear_loads_shards_and_matches_dense(method, group_size, desc_act):
+def test_fused_quantized_linear_loads_shards_and_matches_dense(method, group_size, desc_act, monkeypatch):
     K, shards = 64, {"q_proj": 48, "k_proj": 16, "v_proj": 16}
     config = QuantizationConfig(method, group_size=group_size, zero_point=method == "awq", desc_act=desc_act)
     layer = QuantizedLinear(K, sum(shards.values()), False, make_linear_method(config), torch.float32, shards)
@@ -72,7 +72,15 @@ def test_fused_quantized_linear_loads_shards_and_matches_dense(method, group_siz
     layer.method.process_weights_after_loading(layer)
     x = torch.randn(5, K)
     expected = x @ torch.cat(references, dim=1)
-    torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+
+    def no_dequantize(*args, **kwargs):
+        raise AssertionError("a CPU layer dequantized its weights in a forward pass")
+    with monkeypatch.context() as patch:  # held dequantized from load: a step does not dequantize again
+        patch.setattr(packing, "dequantize", no_dequantize)
+        patch.setattr(packing, "dequantize_internal", no_dequantize)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    # activations of another dtype than the layer's still get the right product (dequantized for the call)
+    torch.testing.assert_close(layer(x.double()), expected.double(), rtol=1e-4, atol=1e-4)
 
 
 def test_fused_gptq_shards_with_different_g_idx_are_refused():
