@@ -139,7 +139,8 @@ def resolve_quantization(requested: str | None, hf_config, load_format: str = "a
             f"quantization={requested!r} needs {'an AWQ' if requested == 'awq' else 'a GPTQ'} checkpoint (a "
             "quantization_config in "
             f"config.json); this one is not quantized. Make one with `python manage.py quantize --model ... "
-            f"--output-dir ... --quantization {requested}`, or use quantization='fp8' (quantized at load).",
+            f"--output-dir ... --quantization {requested}`, or, on a GPU with FP8 tensor cores (compute "
+            "capability >= 8.9), use quantization='fp8' (quantized at load).",
             param="quantization")
     if requested == "fp8":
         return QuantizationConfig("fp8", bits=8, group_size=-1, zero_point=False, from_checkpoint=False)
