@@ -101,14 +101,18 @@ def _ms(calls: list, device: str) -> float:
 
 
 def _previous_decode_config(M: int, N: int, K: int, num_sms: int):
-    """The decode kernel's config before the packed subtraction (commit 5d4ffe8): up to 16 rows the library's
-    own (``decode_config`` went back to it there), above 16 the all-ones MMA with 64-column tiles, 4 splits."""
+    """The decode kernel's config before the 2026-12-06 sweep (commit 02d6ef1): up to 16 rows the zero point
+    taken off after the MMA with the x tile's sums and 64-column tiles (128 for N >= 16384), above 16 rows the
+    zero point in registers with 128-column tiles; x tiles loaded ahead into registers; no GEMV kernel."""
+    import math
+
     import triton
-    from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config
-    if M <= 16:
-        return decode_config(M, N, K, num_sms)
-    split_k = max(1, min(4, triton.cdiv(K, packing.PACK_K) // 3))
-    return DecodeConfig(block_n=64, split_k=split_k, tile_mma=True, zero_in_regs=False)
+    from inference.quantization.triton_w4a16_launch import DecodeConfig
+    small = M <= 16
+    block_n = (128 if N >= 16384 else 64) if small else 128
+    split_k = 2 ** max(0, round(math.log2(max(1.0, (4 if small else 2) * num_sms / triton.cdiv(N, block_n)))))
+    split_k = max(1, min(split_k, 16, triton.cdiv(K, packing.PACK_K) // 3))
+    return DecodeConfig(block_n=block_n, split_k=split_k, tile_mma=True, zero_in_regs=not small, x_sums=small)
 
 
 def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
@@ -211,23 +215,22 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     """Microseconds and int4 GB/s of the decode kernel under configs around ``decode_config``."""
     from inference.quantization.triton_w4a16_decode import w4a16_decode
     from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
-    from inference.quantization.triton_w4a16_launch import decode_config, gemv_config
-    base = decode_config(M, N, K, num_sms)
-    configs = {"default": base, "split_x2": replace(base, split_k=base.split_k * 2),
+    from inference.quantization.triton_w4a16_launch import decode_config, gemv_config, tile_config
+    base = tile_config(M, N, K, num_sms)  # the tile kernel's variants around decode_config's choice for it
+    configs = {"default": decode_config(M, N, K, num_sms), "tile": base,
+               "split_x2": replace(base, split_k=base.split_k * 2),
                "split_half": replace(base, split_k=max(1, base.split_k // 2)),
                "ones_mma": replace(base, zero_in_regs=False, x_sums=False),
                "x_sums": replace(base, zero_in_regs=False, x_sums=True),
-               "zero_in_regs": replace(base, zero_in_regs=True),
-               "zero_in_regs_n128": replace(base, block_n=128, zero_in_regs=True),
+               "n64": replace(base, block_n=64),
                "no_prefetch": replace(base, prefetch=False),
-               "x_in_loop": replace(base, x_in_loop=True),
-               "x_in_loop_ones_mma": replace(base, x_in_loop=True, zero_in_regs=False, x_sums=False),
-               "x_in_loop_zero_in_regs": replace(base, x_in_loop=True, zero_in_regs=True),
-               "x_in_loop_zero_in_regs_n128": replace(base, x_in_loop=True, block_n=128, zero_in_regs=True)}
+               "x_ahead": replace(base, x_in_loop=False),
+               "x_ahead_x_sums": replace(base, x_in_loop=False, zero_in_regs=False, x_sums=True),
+               "x_ahead_ones_mma": replace(base, x_in_loop=False, zero_in_regs=False, x_sums=False)}
     if M <= MAX_GEMV_ROWS:  # the CUDA-core kernel: output tile width, warps, the next tile's loads ahead or not
         gemv = gemv_config(M, N, K, num_sms)
-        if M > 1:  # the MMA kernel's variants are swept at 1 row and from 8
-            configs = {"default": base}
+        if M > 1:  # the tile kernel's variants are swept at 1 row and from 8
+            configs = {"default": configs["default"]}
         configs |= {"gemv": gemv, "gemv_no_prefetch": replace(gemv, prefetch=False),
                     "gemv_n64": replace(gemv, block_n=64), "gemv_n256_w8": replace(gemv, block_n=256, num_warps=8),
                     "gemv_n256_w4": replace(gemv, block_n=256),

@@ -23,11 +23,12 @@ removes the offset and the zero point (the x sums cost one add per x element). f
 
 For groups of a multiple of 128 rows, a second kernel (``_w4a16_decode_tile_kernel``, the default)
 unpacks a whole K tile into one ``[BLOCK_N, 128]`` A operand and issues one MMA per tile; one ``lop3`` (inline
-PTX) masks two codes and ORs them into ``OFFSET``. Above 16 rows it subtracts ``OFFSET + zero`` from each
+PTX) masks two codes and ORs them into ``OFFSET``. By default it then subtracts ``OFFSET + zero`` from each
 register of two codes with one packed ``sub.bf16x2`` / ``sub.f16x2``, leaving the exact integers
-``code - zero``, so the MMA's result needs only the group's scale (``zero_in_regs``). Up to 16 rows it takes
-off ``s * (OFFSET + zero) * sum(x)`` after the MMA instead, the tile's ``sum(x)`` summed from the x tile
-(``x_sums``). Its first version took that sum from a second MMA against an all-ones A (still
+``code - zero``, so the MMA's result needs only the group's scale (``zero_in_regs``), and lets Triton's
+pipeliner copy the x tiles with the weights (``x_in_loop``). The variant that takes off
+``s * (OFFSET + zero) * sum(x)`` after the MMA instead, the tile's ``sum(x)`` summed from the x tile
+(``x_sums``), was the default up to 16 rows until the 2026-12-06 sweep found it 9-13% slower. Its first version took that sum from a second MMA against an all-ones A (still
 ``zero_in_regs=False, x_sums=False``): twice the tensor-core work, and ptxas serializes those MMAs, which bounded
 it from 32 rows on (1.0x bf16's decode step at batch 32). The next tile's scales and zero points load while a tile
 computes (``prefetch``): the per-tile epilogue, which waits for the tile's MMA, is what bounds the kernel
@@ -36,8 +37,9 @@ computes (``prefetch``): the per-tile epilogue, which waits for the tile's MMA, 
 Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (a per-tile
 arrival counter, which it resets to zero) adds them in split order, adds the bias and writes the
 output in ``x.dtype`` (``triton_splitk._finish``): one launch per linear, deterministic, no memset, safe
-inside CUDA graphs. ``DecodeConfig(gemv=True)`` sends up to four rows to the CUDA-core kernel of
-``triton_w4a16_gemv`` instead (same layout and epilogue, no MMA).
+inside CUDA graphs. ``DecodeConfig(gemv=True)`` (``decode_config``'s choice for one row of the narrower
+layers) sends up to four rows to the CUDA-core kernel of ``triton_w4a16_gemv`` instead (same layout and
+epilogue, no MMA); rows, groups or a K that it does not take go to the tile kernel's config.
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
@@ -55,7 +57,7 @@ import triton.language as tl
 from .packing import PACK_K
 from .triton_splitk import _finish
 from .triton_w4a16_gemv import MAX_GEMV_ROWS, w4a16_gemv
-from .triton_w4a16_launch import DecodeConfig, decode_config, plan_split_k
+from .triton_w4a16_launch import DecodeConfig, decode_config, plan_split_k, tile_config
 
 MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
 # A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
@@ -399,8 +401,11 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or decode_config(M, N, K, num_sms)
-    if config.gemv and M <= MAX_GEMV_ROWS and group_size % PACK_K == 0 and K % PACK_K == 0:
-        return w4a16_gemv(x, qweight, scales, qzeros, group_size, config, perm=perm, bias=bias, counters=counters)
+    if config.gemv:
+        if M <= MAX_GEMV_ROWS and group_size % PACK_K == 0 and K % PACK_K == 0:
+            return w4a16_gemv(x, qweight, scales, qzeros, group_size, config, perm=perm, bias=bias,
+                              counters=counters)
+        config = tile_config(M, N, K, num_sms)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,

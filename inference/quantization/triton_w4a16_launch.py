@@ -3,7 +3,7 @@ their epilogue (the FP8 GEMM's too): the K split and its workspace, and the deco
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -63,33 +63,41 @@ class DecodeConfig:
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweeps of the variants
-    (``w4a16-sweep_h100_2026-12-05.json``, ``w4a16-sweep_h100_2026-12-06.json``, the 7B shapes):
+    """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweep of the variants
+    (``w4a16-sweep_h100_2026-12-06_b.json``, the 7B shapes, every variant in one run):
 
-    - up to 16 rows, the zero point taken off after the MMA with each tile's ``sum(x)`` from the x tile, 64-column
-      tiles (128 for N >= 16384): on gate_up at one row 40.7 us against 43.4 with an all-ones MMA for the sums and
-      46.2 with the zero point subtracted in registers; the other shapes within 2% of the all-ones MMA;
-    - above 16 rows, the zero point subtracted in registers with one MMA per tile and 128-column output tiles
-      (64-column ones put the A operand through shared memory: ``benchmarks/compile_sm90.py``): 1.27x the
-      all-ones MMA on gate_up at 32 rows, 1.45x at 64 rows on down.
+    - one row and ``N < 16384`` (qkv, o, down): the CUDA-core GEMV kernel without prefetch (``gemv_config``):
+      on down 20.8 us against 24.6 for the tile kernel's previous config, qkv 8.3 against 9.6;
+    - otherwise the tile kernel with one MMA per 128-row K tile, the zero point subtracted in registers, x tiles
+      loaded by Triton's pipeliner inside the loop (``x_in_loop``) and 128-column output tiles: at one row on
+      gate_up 37.4 us against 41.1; at 8 and 16 rows 9-13% faster on gate_up and down; at 64 rows 62.2 against
+      93.3 us on gate_up and 34.6 against 44.3 on down. At 2 and 4 rows the GEMV kernel took 1.4-3x longer.
 
-    Both split K to the power of two nearest to about four programs per SM up to 16 rows, two above; at most 16
-    splits, each of at least three 128-row K tiles."""
+    K is split to the power of two nearest to about four programs per SM up to 16 rows (counted over 64-column
+    tiles where ``N < 16384``, as swept), two above; at most 16 splits, each of at least three 128-row K tiles."""
+    if M == 1 and N < 16384:
+        return replace(gemv_config(M, N, K, num_sms), prefetch=False)
+    return tile_config(M, N, K, num_sms)
+
+
+def tile_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
+    """``decode_config``'s choice for the tile kernel (also where a GEMV config meets rows, groups or a K that
+    the GEMV kernel does not take)."""
     k_tiles = triton.cdiv(K, PACK_K)
     small = M <= 16
-    block_n = (128 if N >= 16384 else 64) if small else 128
+    split_tile_n = (128 if N >= 16384 else 64) if small else 128
     programs_per_sm = 4 if small else 2
-    split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, block_n)))))
+    split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, split_tile_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=not small,
-                        x_sums=small)
+    return DecodeConfig(block_n=128, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=True,
+                        x_in_loop=True)
 
 
 def gemv_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     """A config for the CUDA-core GEMV kernel (``M <= 4``, ``triton_w4a16_gemv``): 128-column tiles of 4 warps (four
     columns a thread, one 16-byte load of each word row), and K split to the power of two nearest to about four
-    programs per SM, at most 16 splits of at least two 128-row K tiles. Not yet timed on a GPU (the sweep's ``gemv*``
-    configs vary the tile width, warps and split around it); ``decode_config`` does not choose it."""
+    programs per SM, at most 16 splits of at least two 128-row K tiles (``decode_config`` takes it, without
+    prefetch, for one row of the narrower layers)."""
     k_tiles = triton.cdiv(K, PACK_K)
     split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, 128)))))
     return DecodeConfig(block_n=128, split_k=max(1, min(split_k, 16, k_tiles // 2)), num_warps=4, gemv=True)

@@ -230,18 +230,28 @@ def test_gemv_kernels_lop3_puts_each_nibble_in_a_float32_mantissa():
             assert value == 2 ** 23 + ((w >> (4 * i)) & 0xF) * 16 ** i
 
 
-def test_decode_config_splits_k_more_for_thin_layers_and_single_rows():
-    """The variants and splits the H100 sweep chose (``decode_config``'s docstring)."""
-    o_proj = decode_config(1, 3584, 3584, num_sms=132)
+def test_decode_config_takes_the_swept_variants_and_splits_k_more_for_thin_layers():
+    """The kernels, variants and splits the H100 sweep chose (``decode_config``'s docstring)."""
+    o_proj, down = decode_config(1, 3584, 3584, num_sms=132), decode_config(1, 3584, 18944, num_sms=132)
     gate_up = decode_config(1, 37888, 3584, num_sms=132)
-    assert o_proj.split_k > gate_up.split_k >= 1
-    assert o_proj.x_sums and not o_proj.zero_in_regs and (o_proj.block_n, gate_up.block_n) == (64, 128)  # <= 16 rows
+    assert o_proj.gemv and down.gemv and not o_proj.prefetch  # one row of a narrow layer: the CUDA-core kernel
+    assert not gate_up.gemv and not decode_config(2, 3584, 3584, num_sms=132).gemv  # not for wide layers, 2+ rows
+    o_tiles = decode_config(8, 3584, 3584, num_sms=132)
+    assert o_tiles.split_k > gate_up.split_k >= 1
+    for config in (o_tiles, gate_up, decode_config(64, 3584, 3584, num_sms=132)):
+        assert config.tile_mma and config.zero_in_regs and config.x_in_loop and config.block_n == 128
     wide = decode_config(32, 37888, 3584, num_sms=132)
     assert wide.split_k < gate_up.split_k or wide.split_k == 1  # partial sums cost more
-    assert decode_config(17, 3584, 3584, num_sms=132).zero_in_regs  # no second MMA where MMAs bound it
-    assert decode_config(64, 3584, 3584, num_sms=132).zero_in_regs
-    assert decode_config(1, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
-    assert not gate_up.gemv  # the GEMV kernel is not a default until a GPU has timed it
+    assert decode_config(2, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
+
+
+def test_gemv_config_on_a_k_the_gemv_kernel_cannot_take_runs_the_tile_kernel():
+    """One row, a narrow layer, K not a multiple of 128: ``decode_config`` says GEMV, the tile kernel runs."""
+    assert decode_config(1, 32, 320, num_sms=4).gemv
+    qweight, scales, qzeros, dense = _random_int4(320, 32, 64)
+    x = torch.randn(1, 320, device=DEVICE)
+    torch.testing.assert_close(w4a16_decode(x, qweight, scales, qzeros, 64, num_sms=4), x @ dense,
+                               **TOL[torch.float32])
 
 
 def test_gemv_config_fills_the_sms_and_gives_each_split_two_k_tiles():
