@@ -64,7 +64,7 @@ class DecodeConfig:
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     """A config for ``x [M, K] @ W [K, N]`` on ``num_sms`` SMs, chosen by the H100 sweep of the variants
-    (``w4a16-sweep_h100_2026-12-06_b.json``, the 7B shapes, every variant in one run):
+    (``w4a16-sweep-gemv_h100_2026-12-06.json``, the 7B shapes, the variants in one run):
 
     - one row and ``N < 16384`` (qkv, o, down): the CUDA-core GEMV kernel without prefetch (``gemv_config``):
       on down 20.8 us against 24.6 for the tile kernel's previous config, qkv 8.3 against 9.6;
