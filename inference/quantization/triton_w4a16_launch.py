@@ -71,7 +71,7 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     - otherwise the tile kernel with one MMA per 128-row K tile, the zero point subtracted in registers, x tiles
       loaded by Triton's pipeliner inside the loop (``x_in_loop``) and 128-column output tiles: at one row on
       gate_up 37.4 us against 41.1; at 8 and 16 rows 9-13% faster on gate_up and down; at 64 rows 62.2 against
-      93.3 us on gate_up and 34.6 against 44.3 on down. At 2 and 4 rows the GEMV kernel took 1.4-3x longer.
+      93.3 us on gate_up and 34.8 against 44.3 on down. At 2 and 4 rows the GEMV kernel took 1.2-2.2x longer.
 
     K is split to the power of two nearest to about four programs per SM up to 16 rows (counted over 64-column
     tiles where ``N < 16384``, as swept), two above; at most 16 splits, each of at least three 128-row K tiles."""
