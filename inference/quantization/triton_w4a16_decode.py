@@ -28,7 +28,9 @@ register of two codes with one packed ``sub.bf16x2`` / ``sub.f16x2``, leaving th
 ``code - zero``, so the MMA's result needs only the group's scale (``zero_in_regs``), and lets Triton's
 pipeliner copy the x tiles with the weights (``x_in_loop``). The variant that takes off
 ``s * (OFFSET + zero) * sum(x)`` after the MMA instead, the tile's ``sum(x)`` summed from the x tile
-(``x_sums``), was the default up to 16 rows until the 2026-12-06 sweep found it 9-13% slower. Its first version took that sum from a second MMA against an all-ones A (still
+(``x_sums``), was the default up to 16 rows until the 2026-12-06 sweep found it 9-13% slower; it stays the
+choice for bfloat16 before sm_90, which has no ``sub.bf16x2`` (``fit_config``). Its first version took that sum
+from a second MMA against an all-ones A (still
 ``zero_in_regs=False, x_sums=False``): twice the tensor-core work, and ptxas serializes those MMAs, which bounded
 it from 32 rows on (1.0x bf16's decode step at batch 32). The next tile's scales and zero points load while a tile
 computes (``prefetch``): the per-tile epilogue, which waits for the tile's MMA, is what bounds the kernel
@@ -50,6 +52,8 @@ arXiv:2408.11743), here for Triton's ``tl.dot`` instead of raw MMA fragments.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -57,7 +61,7 @@ import triton.language as tl
 from .packing import PACK_K
 from .triton_splitk import _finish
 from .triton_w4a16_gemv import MAX_GEMV_ROWS, w4a16_gemv
-from .triton_w4a16_launch import DecodeConfig, decode_config, plan_split_k, tile_config
+from .triton_w4a16_launch import DecodeConfig, decode_config, fit_config, plan_split_k, tile_config
 
 MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
 # A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
@@ -369,6 +373,12 @@ def _w4a16_decode_tile_kernel(
             partial_ptr, counter_ptr, out_ptr, SPLIT_K, HAS_BIAS)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA device; (9, 0) elsewhere (the interpreter runs no PTX)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (9, 0)
+
+
 def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                  group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  counters: torch.Tensor | None = None, num_sms: int = 132,
@@ -400,12 +410,15 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                          f"{tuple(scales.shape)} (group size {group_size}) cover fewer, or another output width")
     if x.stride(1) != 1:
         x = x.contiguous()
+    chosen = config is None
     config = config or decode_config(M, N, K, num_sms)
     if config.gemv:
         if M <= MAX_GEMV_ROWS and group_size % PACK_K == 0 and K % PACK_K == 0:
             return w4a16_gemv(x, qweight, scales, qzeros, group_size, config, perm=perm, bias=bias,
                               counters=counters)
-        config = tile_config(M, N, K, num_sms)
+        config, chosen = tile_config(M, N, K, num_sms), True
+    if chosen:
+        config = fit_config(config, x.dtype, _capability(x.device))
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,

@@ -93,6 +93,20 @@ def tile_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
                         x_in_loop=True)
 
 
+def fit_config(config: DecodeConfig, dtype: torch.dtype, capability: tuple[int, int]) -> DecodeConfig:
+    """``config`` (a ``decode_config`` or ``tile_config`` choice, timed on an H100) made to run with ``dtype``
+    activations on a GPU of compute ``capability``: float32 x tiles stay out of the pipeline (``x_in_loop``
+    would hold 112-184 KB of shared memory, over the 99 KB of an sm_86/sm_89 block), and before sm_90 bfloat16
+    takes the zero point off after the MMA (``x_sums``), as ``sub.bf16x2`` needs sm_90."""
+    if config.gemv:
+        return config
+    if dtype == torch.float32 and config.x_in_loop:
+        config = replace(config, x_in_loop=False)
+    if dtype == torch.bfloat16 and config.zero_in_regs and tuple(capability) < (9, 0):
+        config = replace(config, zero_in_regs=False, x_sums=True)
+    return config
+
+
 def gemv_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     """A config for the CUDA-core GEMV kernel (``M <= 4``, ``triton_w4a16_gemv``): 128-column tiles of 4 warps (four
     columns a thread, one 16-byte load of each word row), and K split to the power of two nearest to about four

@@ -21,7 +21,8 @@ from inference.quantization.linear import QuantizedLinear  # noqa: E402
 from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa: E402
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_gemv import w4a16_gemv  # noqa: E402
-from inference.quantization.triton_w4a16_launch import DecodeConfig, decode_config, gemv_config  # noqa: E402
+from inference.quantization.triton_w4a16_launch import (DecodeConfig, decode_config, fit_config,  # noqa: E402
+                                                        gemv_config)
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 
@@ -245,15 +246,6 @@ def test_decode_config_takes_the_swept_variants_and_splits_k_more_for_thin_layer
     assert decode_config(2, 64, 256, num_sms=132).split_k == 1  # at least two K tiles per program
 
 
-def test_gemv_config_on_a_k_the_gemv_kernel_cannot_take_runs_the_tile_kernel():
-    """One row, a narrow layer, K not a multiple of 128: ``decode_config`` says GEMV, the tile kernel runs."""
-    assert decode_config(1, 32, 320, num_sms=4).gemv
-    qweight, scales, qzeros, dense = _random_int4(320, 32, 64)
-    x = torch.randn(1, 320, device=DEVICE)
-    torch.testing.assert_close(w4a16_decode(x, qweight, scales, qzeros, 64, num_sms=4), x @ dense,
-                               **TOL[torch.float32])
-
-
 def test_gemv_config_fills_the_sms_and_gives_each_split_two_k_tiles():
     gate_up, o_proj = gemv_config(1, 37888, 3584, num_sms=132), gemv_config(1, 3584, 3584, num_sms=132)
     assert gate_up.gemv and gate_up.block_n == 128 and 37888 // 128 * gate_up.split_k >= 2 * 132
@@ -416,3 +408,24 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
             launch["args"]["ASM"] = {"const": True}
         launches += recorded
     compile_for_hopper(launches)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="compiles for another GPU than this one")
+def test_default_decode_configs_fitted_to_an_a100_compile_for_sm80():
+    """The sweep's choices use ``sub.bf16x2`` (sm_90 and later) and pipeline float32 x tiles into more shared
+    memory than an sm_86 block has; ``fit_config`` gives an sm_80 GPU configs that compile and fit."""
+    from .triton_compile import compile_for_hopper, record_launches
+    qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
+    launches = []
+    for dtype, rows in itertools.product((torch.bfloat16, torch.float16, torch.float32), (2, 8, 32)):
+        config = fit_config(decode_config(rows, 128, 256, num_sms=108), dtype, (8, 0))
+        assert not (dtype == torch.bfloat16 and config.zero_in_regs) and not (dtype == torch.float32 and
+                                                                              config.x_in_loop)
+        assert fit_config(config, dtype, (9, 0)) == config
+        with record_launches() as recorded:
+            w4a16_decode(torch.randn(rows, 256).to(dtype), qweight, scales, qzeros, 128, config=config)
+        for launch in recorded:
+            launch["args"]["ASM"] = {"const": True}
+        launches += recorded
+    compile_for_hopper(launches, arch=80)
+    assert fit_config(decode_config(8, 128, 256, num_sms=132), torch.bfloat16, (9, 0)).zero_in_regs

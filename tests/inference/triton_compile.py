@@ -75,19 +75,20 @@ def record_launches():
         InterpretedFunction.run = run
 
 
-def compile_for_hopper(launches: list[dict]) -> None:
-    """Compile each recorded launch (duplicates once) for sm_90.
+def compile_for_hopper(launches: list[dict], arch: int = 90) -> None:
+    """Compile each recorded launch (duplicates once) for sm_90, or for ``arch`` (80: an A100).
 
     Raises:
         AssertionError: with the compiler's error for the first kernel that does not compile.
     """
+    launches = [dict(launch, arch=arch) for launch in launches]
     unique = list({json.dumps(launch, sort_keys=True): launch for launch in launches}.values())
     if not unique:
         return
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-m", "tests.inference.triton_compile"], input=json.dumps(unique),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"a kernel does not compile for sm_90:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"a kernel does not compile for sm_{arch}:\n{done.stderr[-4000:]}"
 
 
 def _compile(launch: dict) -> None:
@@ -119,7 +120,7 @@ def _compile(launch: dict) -> None:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
     try:
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=launch["options"])
+        triton.compile(source, target=GPUTarget("cuda", launch.get("arch", 90), 32), options=launch["options"])
     except Exception as exc:
         raise SystemExit(f"{launch['kernel']} with {constexprs} {launch['options']}:\n{exc}") from exc
 
