@@ -9,11 +9,12 @@ algorithms), ``quantize`` (checkpoint writer), ``perplexity``.
 from __future__ import annotations
 
 from .config import QUANTIZATION_METHODS, QuantizationConfig, resolve_quantization
-from .linear import (LinearMethodBase, QuantizedLinear, WeightMemory, log_weight_memory, process_quantized_weights,
-                     quantize_linear_layers, weight_memory)
+from .linear import (LinearMethodBase, QuantizedLinear, WeightMemory, held_dequantized_bytes, log_weight_memory,
+                     process_quantized_weights, quantize_linear_layers, weight_memory)
 
 __all__ = [
     "QUANTIZATION_METHODS", "LinearMethodBase", "QuantizationConfig", "QuantizedLinear", "WeightMemory",
+    "held_dequantized_bytes",
     "log_weight_memory", "process_quantized_weights", "quantize_linear_layers", "resolve_quantization",
     "weight_memory",
 ]

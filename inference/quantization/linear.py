@@ -309,6 +309,13 @@ def weight_memory(model: nn.Module) -> WeightMemory:
     return WeightMemory(quantized + other_bytes, quantized_bf16 + other_bf16, quantized, quantized_bf16)
 
 
+def held_dequantized_bytes(model: nn.Module) -> int:
+    """Bytes of the dequantized copies that quantized layers hold beside their packed weights (on a CPU:
+    ``int4.Int4LinearMethod``), which ``weight_memory`` leaves out."""
+    return sum(m.dense_weight.numel() * m.dense_weight.element_size() for m in model.modules()
+               if isinstance(m, QuantizedLinear) and getattr(m, "dense_weight", None) is not None)
+
+
 def log_weight_memory(model: nn.Module, config: QuantizationConfig) -> WeightMemory:
     """Log, at start-up, the two figures a reader compares with bf16: the quantized linear layers alone, and
     the whole model (the embedding, norms and LM head stay 16-bit, as in published AWQ/GPTQ checkpoints)."""
@@ -319,8 +326,7 @@ def log_weight_memory(model: nn.Module, config: QuantizationConfig) -> WeightMem
                 memory.quantized_bytes / GiB, 100 * memory.quantized_ratio, memory.quantized_bf16_bytes / GiB,
                 memory.total_bytes / GiB, 100 * memory.total_ratio, memory.total_bf16_bytes / GiB,
                 (memory.total_bytes - memory.quantized_bytes) / GiB)
-    dense = sum(m.dense_weight.numel() * m.dense_weight.element_size() for m in model.modules()
-                if isinstance(m, QuantizedLinear) and getattr(m, "dense_weight", None) is not None)
+    dense = held_dequantized_bytes(model)
     if dense:
         logger.info("Quantization %s: on the CPU the quantized layers are also held dequantized (%.2f GiB), "
                     "as the CPU has no int4 kernel", config.method, dense / GiB)

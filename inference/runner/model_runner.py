@@ -20,6 +20,7 @@ from ..lora.checkpoint import LoRAAdapter
 from ..model_loader import iter_weights
 from ..models import build_model
 from ..models.parallel_layers import SINGLE_RANK
+from ..quantization import held_dequantized_bytes
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
 from ..structured_output.bitmask import apply_token_bitmask_, bitmask_width
 from .cuda_graph import decode_split_plan, graph_batch_sizes
@@ -83,7 +84,8 @@ class ModelRunner:
         self.num_kv_heads = head_partition(hf.num_attention_heads, num_kv_heads, tp.world_size, tp.rank).num_kv_heads
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.block_size = config.cache.block_size
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weights_bytes = (sum(p.numel() * p.element_size() for p in self.model.parameters())
+                              + held_dequantized_bytes(self.model))
         if self.lora is not None:
             self.weights_bytes += self.lora.num_bytes
         self.kv_dtype = kv_cache_torch_dtype(config.cache.cache_dtype, config.dtype)
