@@ -101,18 +101,13 @@ def _ms(calls: list, device: str) -> float:
 
 
 def _previous_decode_config(M: int, N: int, K: int, num_sms: int):
-    """The decode kernel's config before the 2026-12-06 sweep (commit 02d6ef1): up to 16 rows the zero point
-    taken off after the MMA with the x tile's sums and 64-column tiles (128 for N >= 16384), above 16 rows the
-    zero point in registers with 128-column tiles; x tiles loaded ahead into registers; no GEMV kernel."""
-    import math
-
-    import triton
-    from inference.quantization.triton_w4a16_launch import DecodeConfig
+    """The decode kernel's config before the 2026-12-06 sweep (commit 02d6ef1): ``tile_config``'s split, up to 16
+    rows the zero point taken off after the MMA with the x tile's sums and 64-column tiles (128 for N >= 16384),
+    above 16 rows the zero point in registers; x tiles loaded ahead into registers; no GEMV kernel."""
+    from inference.quantization.triton_w4a16_launch import tile_config
     small = M <= 16
-    block_n = (128 if N >= 16384 else 64) if small else 128
-    split_k = 2 ** max(0, round(math.log2(max(1.0, (4 if small else 2) * num_sms / triton.cdiv(N, block_n)))))
-    split_k = max(1, min(split_k, 16, triton.cdiv(K, packing.PACK_K) // 3))
-    return DecodeConfig(block_n=block_n, split_k=split_k, tile_mma=True, zero_in_regs=not small, x_sums=small)
+    return replace(tile_config(M, N, K, num_sms), block_n=64 if small and N < 16384 else 128, zero_in_regs=not small,
+                   x_sums=small, x_in_loop=False)
 
 
 def _paths(M: int, N: int, K: int, num_sms: int) -> dict:
