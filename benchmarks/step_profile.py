@@ -139,13 +139,21 @@ def device_timeline(prof, wall_s: float) -> dict:
 
 
 def kernel_table(fn: Callable[[], None], top: int = 25) -> dict:
-    """Run ``fn`` under the profiler; the ``top`` kernels by total device time (ms) and their share."""
+    """Run ``fn`` under the profiler; the ``top`` kernels by total device time (ms) and their share. Without
+    CUDA, the ``top`` operators by self CPU time (ms) and their share of the wall time."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    on_gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
         started = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
         wall_s = time.perf_counter() - started
+    if not on_gpu:
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        return {"wall_ms": round(wall_s * 1e3, 3),
+                "host_ops_self": [{"name": e.key[:120], "calls": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3),
+                                   "share_of_wall": round(e.self_cpu_time_total / 1e6 / wall_s, 4)} for e in events]}
     return profile_summary(prof, wall_s, top)
 
 

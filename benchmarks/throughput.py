@@ -366,11 +366,16 @@ def main() -> None:
                            "requested_output_tokens": sum(outputs)}}
     if args.profile_steps:  # a run of its own: the profiler's overhead would distort the figures
         result["kernel_profile"] = prof = profile_steps(args, prompts, outputs)
-        for k in prof["kernels"][:15]:
-            print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
-        print("  CUDA runtime calls, host ms:", prof["runtime_calls_host_ms"])
-        print("  host ops, self ms:", prof["host_ops_self_ms"])
-        print("  device timeline:", prof["timeline"])
+        if "kernels" in prof:
+            for k in prof["kernels"][:15]:
+                print(f"  {100 * k['share']:5.1f}% {k['device_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
+            print("  CUDA runtime calls, host ms:", prof["runtime_calls_host_ms"])
+            print("  host ops, self ms:", prof["host_ops_self_ms"])
+            print("  device timeline:", prof["timeline"])
+        else:  # CPU: operators by self time
+            print(f"  {prof['wall_ms']:.0f} ms over {args.profile_steps} steps")
+            for k in prof["host_ops_self"][:15]:
+                print(f"  {100 * k['share_of_wall']:5.1f}% {k['self_ms']:9.1f} ms {k['calls']:6d}x {k['name'][:90]}")
         Path(args.output_json or RESULTS / "kernel_profile.json").write_text(json.dumps(result, indent=2) + "\n")
         return
     if args.rounds:
