@@ -22,10 +22,10 @@ from ..distributed.process_group import TensorParallelGroup
 
 SINGLE_RANK = TensorParallelGroup()
 
-# On a CPU, a float32 GEMM of up to this many rows runs as ``W @ x^T`` (the weight as the left operand), which
-# MKL multiplied 1.1-1.5x faster than ``x @ W^T`` at 2-128 rows on the SmolLM2 shapes on two AVX2 cores (a
-# decode step's 121 GEMMs at 4 rows: 42 against 63 ms; at 64 rows 160 against 198); from about 256 rows (prompt
-# chunks) ``x @ W^T`` is as fast or faster.
+# On a CPU, a float32 GEMM of 2 up to this many rows runs as ``W @ x^T`` (the weight as the left operand), which
+# MKL multiplied up to 2.2x faster than ``x @ W^T`` on the SmolLM2 shapes on two AVX2 cores (a decode step's 121
+# GEMMs at 4 rows: 25 against 56 ms; at 64 rows 134 against 145; cpu-gemm-order_cpu_2026-12-06.json). One row is
+# a GEMV either way, and from about 256 rows (prompt chunks) ``x @ W^T`` is faster.
 CPU_WEIGHT_LEFT_MAX_ROWS = 128
 
 
@@ -33,7 +33,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``x [T, in] @ weight[out, in]^T + bias [out]`` -> contiguous ``[T, out]``, in the operands' dtype (the
     product of :func:`torch.nn.functional.linear`, on a CPU in the faster operand order for few rows)."""
     if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
-            and x.shape[0] <= CPU_WEIGHT_LEFT_MAX_ROWS):
+            and 2 <= x.shape[0] <= CPU_WEIGHT_LEFT_MAX_ROWS):
         out = torch.mm(weight, x.t()) if bias is None else torch.addmm(bias[:, None], weight, x.t())
         return out.t().contiguous()
     return nn.functional.linear(x, weight, bias)
