@@ -8,7 +8,8 @@ import torch
 
 from ..config import EngineConfig
 from ..sched.scheduler_output import SchedulerOutput
-from ..runner.model_runner import ModelRunner, StepHandle
+from ..runner.model_runner import ModelRunner
+from ..runner.step_handle import StepHandle
 from .process_group import join_group
 from .rank_processes import RankProcesses, TensorParallelError, threads_per_rank
 
