@@ -3,7 +3,7 @@
 
 Two parts, alternating the two operand orders in one process:
   1. the GEMMs of one SmolLM2 decode step alone (30 layers of qkv, o, gate_up, down, and the 49,152-row LM head)
-     at 1-2,048 rows;
+     at 1-2,048 rows, both orders at every row count (the best of the rounds);
   2. the packaged SmolLM2 engine (``LLM.generate``) on 1, 4, 16 and 64 streams of 64-token prompts decoding 64
      greedy tokens each, with ``x @ W^T`` forced in for the "x_left" arm; the tokens of both arms are compared.
 
@@ -32,39 +32,48 @@ from inference.models import parallel_layers  # noqa: E402
 
 # SmolLM2-135M: (in, out, layers) of qkv, o, gate_up, down, and the tied LM head
 SHAPES = [(576, 960, 30), (576, 576, 30), (576, 3072, 30), (1536, 576, 30), (576, 49_152, 1)]
-ORDERS = {"weight_left": 10**9, "x_left": 0}  # CPU_WEIGHT_LEFT_MAX_ROWS for each arm of the GEMMs alone
+ORDERS = ("weight_left", "x_left")
 
 
-def step_gemms_ms(rows: int, weights: list[torch.Tensor]) -> float:
+def product(order: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w^T`` computed in ``order`` (``weight_left``: ``(w @ x^T)^T`` copied into place, as ``linear`` does)."""
+    if order == "weight_left":
+        return torch.mm(w, x.t()).t().contiguous()
+    return torch.nn.functional.linear(x, w)
+
+
+def step_gemms_ms(order: str, xs: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
     start = time.perf_counter()
-    for (k, _, layers), w in zip(SHAPES, weights):
-        x = torch.randn(rows, k)
-        for _ in range(layers if rows < 512 else 2):
-            parallel_layers.linear(x, w)
+    for (_, _, layers), x, w in zip(SHAPES, xs, weights):
+        for _ in range(layers if x.shape[0] < 512 else 2):
+            product(order, x, w)
     return (time.perf_counter() - start) * 1e3
 
 
 def gemms_alone(rows_list: list[int], rounds: int) -> dict:
+    """Both operand orders at every row count (also those where ``linear`` keeps one of them)."""
     weights = [torch.randn(n, k) for k, n, _ in SHAPES]
     out = {}
     for rows in rows_list:
+        xs = [torch.randn(rows, k) for k, _, _ in SHAPES]
         times = {name: [] for name in ORDERS}
         for _ in range(rounds):
-            for name, max_rows in ORDERS.items():
-                parallel_layers.CPU_WEIGHT_LEFT_MAX_ROWS = max_rows
-                times[name].append(step_gemms_ms(rows, weights))
-        med = {name: min(v) for name, v in times.items()}
-        out[str(rows)] = {"ms_best": med, "ms_rounds": times, "x_left_over_weight_left": med["x_left"] / med["weight_left"]}
-        print(f"{rows:5d} rows: W @ x^T {med['weight_left']:.1f} ms, x @ W^T {med['x_left']:.1f} ms "
+            for name in ORDERS:
+                times[name].append(step_gemms_ms(name, xs, weights))
+        best = {name: min(v) for name, v in times.items()}
+        out[str(rows)] = {"ms_best": best, "ms_rounds": times,
+                          "x_left_over_weight_left": best["x_left"] / best["weight_left"]}
+        print(f"{rows:5d} rows: W @ x^T {best['weight_left']:.1f} ms, x @ W^T {best['x_left']:.1f} ms "
               f"({'the layers' if rows < 512 else 'two of each layer'})", flush=True)
     return out
 
 
 def engine_rounds(streams_list: list[int], rounds: int, input_len: int, output_len: int, default: int) -> dict:
     """The engine with the default threshold (``weight_left``: prompt chunks of more rows still take
-    ``x @ W^T``) against ``x @ W^T`` everywhere."""
+    ``x @ W^T``) against ``x @ W^T`` everywhere. Prefix caching is off: every run prefills its prompts in full,
+    and neither arm reads keys and values the other wrote."""
     arms = {"weight_left": default, "x_left": 0}
-    llm = LLM()
+    llm = LLM(enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": [100] * 16}], SamplingParams(max_tokens=4), use_tqdm=False)
     out = {}
@@ -94,7 +103,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--engine-rounds", type=int, default=2, help="0 skips the engine part")
+    parser.add_argument("--engine-rounds", type=int, default=3, help="0 skips the engine part")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--output-json")

@@ -330,7 +330,8 @@ def main() -> None:
     parser.add_argument("--step-trace", action="store_true",
                         help="report wall and device-wait seconds by batch size (rows running at each step)")
     parser.add_argument("--profile-steps", type=int, default=0,
-                        help="instead of the measured run: a CUDA kernel table of this many steps")
+                        help="instead of the measured run: a CUDA kernel table of this many steps (on a CPU, the "
+                             "operators by self time)")
     parser.add_argument("--profile-phase", choices=["decode", "prefill"], default="decode",
                         help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,

@@ -4,13 +4,15 @@ vocabulary. The ranks' sums are done here by hand, in one process (the end-to-en
 real process groups are in test_tensor_parallel.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from inference.distributed.partition import head_partition, split_range
 from inference.distributed.process_group import TensorParallelGroup
 from inference.models.layers import silu_and_mul
-from inference.models.parallel_layers import (MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
-                                              VocabParallelEmbedding, parallel_logits)
+from inference.models.parallel_layers import (CPU_WEIGHT_LEFT_MAX_ROWS, MergedColumnParallelLinear,
+                                              QKVParallelLinear, RowParallelLinear, VocabParallelEmbedding, linear,
+                                              parallel_logits)
 
 
 class PartialSums(TensorParallelGroup):
@@ -83,3 +85,20 @@ def test_vocab_split_with_padding_gives_the_full_embedding_and_logits():
     single = parallel_logits(hidden_states, table, vocab, TensorParallelGroup())
     torch.testing.assert_close(gathered[:, :vocab], single)
     assert torch.all(gathered[:, vocab:] == 0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, CPU_WEIGHT_LEFT_MAX_ROWS, CPU_WEIGHT_LEFT_MAX_ROWS + 1])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_linear_gives_f_linear_at_every_row_count(rows, with_bias):
+    # 2-128 rows run as W @ x^T on a CPU, the others as F.linear: the same [rows, out] result either way, also for
+    # an x that is a strided slice of a wider activation (a fused projection's part)
+    torch.manual_seed(0)
+    wide, weight = torch.randn(rows, 200), torch.randn(40, 96)
+    bias = torch.randn(40) if with_bias else None
+    for x in (wide[:, :96].contiguous(), wide[:, 50:146]):
+        out = linear(x, weight, bias)
+        assert out.shape == (rows, 40) and out.is_contiguous()
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    layer = RowParallelLinear(96, 40, bias=with_bias)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5,
+                               atol=1e-5)
