@@ -24,8 +24,8 @@ SINGLE_RANK = TensorParallelGroup()
 
 # On a CPU, a float32 GEMM of 2 up to this many rows runs as ``W @ x^T`` (the weight as the left operand), which
 # MKL multiplied up to 2.2x faster than ``x @ W^T`` on the SmolLM2 shapes on two AVX2 cores (a decode step's 121
-# GEMMs at 4 rows: 25 against 56 ms; at 64 rows 134 against 145; cpu-gemm-order_cpu_2026-12-06.json). One row is
-# a GEMV either way, and from about 256 rows (prompt chunks) ``x @ W^T`` is faster.
+# GEMMs at 4 rows: 27 against 58 ms; at 64 rows 153 against 164; at 128 even; cpu-gemm-order_cpu_2026-12-06.json).
+# One row is a GEMV either way, and from about 256 rows (prompt chunks) ``x @ W^T`` is faster.
 CPU_WEIGHT_LEFT_MAX_ROWS = 128
 
 
