@@ -79,6 +79,10 @@ def headline(d: dict) -> str:
     if isinstance(d.get("us_per_launch"), dict):
         parts.append("us per launch: " + ", ".join(f"{k} {v:.2f}" for k, v in list(d["us_per_launch"].items())[:3]
                                                    if isinstance(v, (int, float))))
+    streams = d.get("engine", {}).get("streams") if isinstance(d.get("engine"), dict) else None
+    if isinstance(streams, dict) and all("weight_left_over_x_left" in v for v in streams.values()):
+        parts.append("W @ x^T over x @ W^T: " + " / ".join(f"{v['weight_left_over_x_left']:.2f}x" for v in streams.values())
+                     + " at " + " / ".join(streams) + " streams")
     if "kernel_profile" in d or "profiles" in d:
         parts.append("kernel table")
     checks = [k for k, v in d.items() if k.endswith(("_bf16", "_fp32")) and isinstance(v, dict)]
