@@ -10,6 +10,7 @@ import torch
 
 from ..config import EngineConfig
 from ..host_to_device import tensor_to_device
+from ..sched.decode_windows import window_lengths
 from ..sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ..attention import resolve_backend
 from ..attention import kv_scales
@@ -163,7 +164,8 @@ class ModelRunner:
         self.graph_runner.capture()
         if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
             self.window_graphs = window_graph.DecodeWindowGraphs(
-                self.graph_runner, self.model.compute_logits, config.scheduler.num_scheduler_steps)
+                self.graph_runner, self.model.compute_logits,
+                window_lengths(config.scheduler.num_scheduler_steps, config.scheduler.adaptive_windows))
             self.window_graphs.capture()
         if tp.world_size == 1 and piecewise_graph.ENABLED:
             self.piecewise_graphs = piecewise_graph.PiecewiseGraphRunner(
@@ -171,7 +173,7 @@ class ModelRunner:
                     config.scheduler.max_num_batched_tokens), self.block_size, self.attention_backend)
             self.piecewise_graphs.capture()
         self.graph_memory_bytes = max(free_before - torch.cuda.mem_get_info(self.device)[0], 0)
-        windows = f", windows of {config.scheduler.num_scheduler_steps} steps" if self.window_graphs else ""
+        windows = f", windows of {self.window_graphs.lengths} steps" if self.window_graphs else ""
         if self.piecewise_graphs is not None:
             windows += f" and piecewise graphs for {len(self.piecewise_graphs.sizes)} token counts"
         logger.info("CUDA graphs captured for %d batch sizes%s in %.1f s; they took %.2f GiB",
@@ -286,7 +288,7 @@ class ModelRunner:
         if sched_out is not None and sched_out.num_steps > 1:
             if self.window_graphs is not None and self.window_graphs.can_run(inputs, sched_out.num_steps,
                                                                              sampling_meta):
-                return self.window_graphs.run(inputs)
+                return self.window_graphs.run(inputs, sched_out.num_steps)
             return run_decode_window(self._decode_and_sample, inputs, sampling_meta, sched_out.num_steps,
                                      self.block_size)
         hidden = self._forward(inputs)

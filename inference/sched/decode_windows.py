@@ -57,6 +57,19 @@ def adaptive_window(step_seconds: float | None, max_window: int, target_s: float
     return 1 << (fits.bit_length() - 1) if fits > 1 else 1  # a power of two: few distinct window lengths
 
 
+def window_lengths(num_scheduler_steps: int, adaptive: bool) -> list[int]:
+    """The window lengths the engine can choose, ascending: every length :func:`adaptive_window` returns
+    above 1 (the powers of two below ``num_scheduler_steps``, and ``num_scheduler_steps``) for engine-sized
+    windows; the user's fixed ``num_scheduler_steps`` otherwise. The window graphs are captured for these
+    lengths (windows cut near ``max_model_len`` run step by step)."""
+    if num_scheduler_steps <= 1:
+        return []
+    if not adaptive:
+        return [num_scheduler_steps]
+    return sorted({1 << k for k in range(1, num_scheduler_steps.bit_length()) if 1 << k < num_scheduler_steps}
+                  | {num_scheduler_steps})
+
+
 def _sampling_is_step_invariant(request: Request, num_pending: int) -> bool:
     params = request.sampling_params
     return (params.logprobs is None and request.grammar is None  # a grammar's mask needs each token first

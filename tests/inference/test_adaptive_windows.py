@@ -8,7 +8,7 @@ import pytest
 from inference import LLM, SamplingParams
 from inference.engine import arg_utils
 from inference.sched import decode_windows
-from inference.sched.decode_windows import AUTO_MAX_WINDOW, adaptive_window
+from inference.sched.decode_windows import AUTO_MAX_WINDOW, adaptive_window, window_lengths
 
 
 def test_the_window_fits_the_target_time_at_the_measured_step_time():
@@ -18,6 +18,15 @@ def test_the_window_fits_the_target_time_at_the_measured_step_time():
     assert adaptive_window(0.006, 8, target_s=0.015) == 2
     assert adaptive_window(0.030, 8, target_s=0.015) == 1  # a step longer than the target
     assert adaptive_window(0.0001, 8, target_s=0.015) == 8  # never past the upper bound
+
+
+def test_window_graphs_are_captured_for_every_length_the_engine_chooses():
+    step_times = [1e-5 * 1.1 ** k for k in range(120)]  # 10 us to 1 s a step
+    for bound in (2, 4, 6, 8):
+        chosen = {adaptive_window(t, bound) for t in step_times} - {1}
+        assert window_lengths(bound, adaptive=True) == sorted(chosen)
+    assert window_lengths(8, adaptive=False) == [8]  # the user's fixed windows
+    assert window_lengths(1, adaptive=True) == []
 
 
 def test_defaults_size_windows_on_a_gpu_only():

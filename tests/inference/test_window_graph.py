@@ -6,6 +6,7 @@ must give the step-by-step path's greedy tokens. On the H200 the same tests capt
 """
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -16,6 +17,7 @@ from .triton_interpreter import HAS_CUDA  # noqa: F401  (sets TRITON_INTERPRET=1
 pytest.importorskip("triton")
 
 from inference import LLM, SamplingParams  # noqa: E402
+from inference.engine import arg_utils, llm_engine  # noqa: E402
 from inference.runner.cuda_graph import CudaGraphRunner  # noqa: E402
 from inference.runner.window_graph import DecodeWindowGraphs  # noqa: E402
 
@@ -27,12 +29,12 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 class _EagerWindow:
     """Stands in for a captured window graph on the CPU: ``replay()`` runs the captured body."""
 
-    def __init__(self, windows: DecodeWindowGraphs, size: int, replays: list) -> None:
-        self.windows, self.size, self.replays = windows, size, replays
+    def __init__(self, windows: DecodeWindowGraphs, num_steps: int, size: int, replays: list) -> None:
+        self.windows, self.num_steps, self.size, self.replays = windows, num_steps, size, replays
 
     def replay(self) -> None:
-        self.replays.append(self.size)
-        self.windows._window(self.size)
+        self.replays.append((self.num_steps, self.size))
+        self.windows._window(self.num_steps, self.size)
 
 
 def _llm(folder, **kw) -> LLM:
@@ -41,23 +43,25 @@ def _llm(folder, **kw) -> LLM:
                device=DEVICE, dtype="float32", block_size=16, num_scheduler_steps=4, max_num_seqs=8, **memory, **kw)
 
 
-def _attach_windows(llm: LLM) -> list:
-    """The engine's runner with window graphs: captured on a GPU, eager stand-ins on the CPU."""
+def _attach_windows(llm: LLM, lengths: tuple[int, ...] = (4,)) -> list:
+    """The engine's runner with window graphs of ``lengths`` steps: captured on a GPU (lengths as the engine
+    chose them), eager stand-ins on the CPU. Returns the list of ``(window length, batch)`` replayed."""
     runner = llm.llm_engine.runner
-    replays: list[int] = []
+    replays: list[tuple[int, int]] = []
     if HAS_CUDA:
         assert runner.window_graphs is not None and runner.window_graphs.windows
+        assert runner.window_graphs.lengths == list(lengths)
         assert runner.graph_memory_bytes > 0  # measured at capture, and logged
         original = runner.window_graphs.run
 
-        def counted(inputs):
-            replays.append(inputs.input_ids.shape[0])
-            return original(inputs)
+        def counted(inputs, num_steps):
+            replays.append((num_steps, inputs.input_ids.shape[0]))
+            return original(inputs, num_steps)
         runner.window_graphs.run = counted
         return replays
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, 8, -(-128 // 16), 16, runner.num_kv_heads, DEVICE)
-    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, 4)
-    windows.windows = {size: _EagerWindow(windows, size, replays) for size in graphs.sizes}
+    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, list(lengths))
+    windows.windows = {(n, size): _EagerWindow(windows, n, size, replays) for n in lengths for size in graphs.sizes}
     runner.window_graphs = windows
     return replays
 
@@ -98,6 +102,34 @@ def test_window_graphs_give_the_step_by_step_greedy_tokens(tmp_path, smollm2_tok
 
 
 @pytest.mark.timeout(900)
+def test_engine_sized_windows_replay_the_graph_of_their_own_length(tmp_path, smollm2_tokenizer, monkeypatch):
+    """Without ``num_scheduler_steps`` the engine sizes windows of 2, 4 or 8 steps and each length has its graphs:
+    windows of every length, one after another and launched ahead, replay as graphs with the step-by-step
+    path's greedy tokens."""
+    monkeypatch.setattr(arg_utils, "AUTO_WINDOW_DEVICES", ("cuda", "cpu"))
+    chosen = itertools.cycle([2, 8, 4])  # in place of the measured step time's choice
+    monkeypatch.setattr(llm_engine, "adaptive_window", lambda seconds, max_window, target_s=None: next(chosen))
+    folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (31, 40, 45, 52)]
+    expected, _ = _generate(folder, prompts, params, windows=False)
+    free_device_memory()
+    memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
+    llm = LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, attention_backend="triton",
+              device=DEVICE, dtype="float32", block_size=16, max_num_seqs=8, async_scheduling=True, **memory)
+    assert llm.llm_engine.config.scheduler.adaptive_windows
+    replays = _attach_windows(llm, lengths=(2, 4, 8))
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert {n for n, _ in replays} == {2, 4, 8}, replays
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+    llm.close()
+    free_device_memory()
+
+
+@pytest.mark.timeout(900)
 def test_sampled_requests_keep_the_step_by_step_window(tmp_path, smollm2_tokenizer):
     """A window with a non-greedy request is not a graph window; its seeded tokens are the eager path's."""
     folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
@@ -122,10 +154,10 @@ def test_capture_warm_up_writes_no_cache_slot_even_past_max_model_len(tmp_path, 
     for cache in runner.kv_caches:
         cache.zero_()
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, 4, 1, 16, runner.num_kv_heads, DEVICE)
-    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, 24)
+    windows = DecodeWindowGraphs(graphs, runner.model.compute_logits, [24])
     with torch.inference_mode():
         graphs.slot_mapping.fill_(-1)
-        windows._window(4)  # what capture() runs before capturing, on buffers it leaves in this state
+        windows._window(24, 4)  # what capture() runs before capturing, on buffers it leaves in this state
     assert all(int(cache.count_nonzero()) == 0 for cache in runner.kv_caches)
     assert int(graphs.positions.abs().sum()) == 0 and int(graphs.seq_lens.abs().sum()) == 0
     llm.close()
