@@ -124,7 +124,9 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
                        getattr(args, "step_trace", False), loras)
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-", loras=loras)["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
-    result.update({"engine_build_s": build_s, "window_graphs": engine.runner.window_graphs is not None,
+    windows = engine.runner.window_graphs
+    result.update({"engine_build_s": build_s, "window_graphs": windows is not None,
+                   "window_graph_lengths": windows.lengths if windows is not None else [],
                    "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
                    "num_scheduler_steps": num_scheduler_steps or "auto",
@@ -305,6 +307,9 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-piecewise-graphs", action="store_true",
                         help="steps that compute prompt tokens run eagerly, not as piecewise CUDA graphs "
                              "(runner/piecewise_graph.py; a benchmark knob)")
+    parser.add_argument("--window-graphs-longest-only", action="store_true",
+                        help="capture window graphs for the longest window length only; shorter engine-sized "
+                             "windows run step by step (runner/window_graph.py; a benchmark knob)")
 
 
 def apply_engine_knobs(args) -> None:
@@ -314,6 +319,9 @@ def apply_engine_knobs(args) -> None:
     if args.no_piecewise_graphs:
         from inference.runner import piecewise_graph
         piecewise_graph.ENABLED = False
+    if args.window_graphs_longest_only:
+        from inference.runner import window_graph
+        window_graph.LONGEST_ONLY = True
 
 
 def main() -> None:

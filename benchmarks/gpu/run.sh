@@ -34,6 +34,9 @@
 #                    profiler (--profile-late 2): where a late request's TTFT goes
 #   window-target    engine-sized decode windows of at most WT ms (default 25) against the default (12): the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
+#   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
+#                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
+#                    (default "a b")
 #   piecewise        the piecewise-graph tests, then the late requests, W2 and W1 with steps that compute prompt tokens
 #                    eager (--no-piecewise-graphs) and as piecewise CUDA graphs (the default), alternating, rounds
 #                    PW_ROUNDS (default "a")
@@ -195,6 +198,11 @@ for step in "$@"; do
   late-profile) run_step late-profile 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 4 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --profile-late 2 \
       --output-json "$(name late-requests-profile)" ;;
+  window-lengths)
+    for r in ${WL_ROUNDS:-a b}; do
+      run_step w2-wl-all-$r 200 $TP $W2 --output-json "$(name w2-window-graphs-all "" _$r)"
+      run_step w2-wl-longest-$r 200 $TP $W2 --window-graphs-longest-only --output-json "$(name w2-window-graphs-longest "" _$r)"
+    done ;;
   window-target)
     WT=${WT:-25}
     DEF=$($PY -c "from inference.sched.decode_windows import WINDOW_TARGET_S as t; print(round(1e3 * t))")

@@ -163,9 +163,9 @@ class ModelRunner:
                                             max_blocks, self.block_size, self.num_kv_heads, self.device)
         self.graph_runner.capture()
         if config.scheduler.num_scheduler_steps > 1 and tp.world_size == 1 and window_graph.ENABLED:
+            lengths = window_lengths(config.scheduler.num_scheduler_steps, config.scheduler.adaptive_windows)
             self.window_graphs = window_graph.DecodeWindowGraphs(
-                self.graph_runner, self.model.compute_logits,
-                window_lengths(config.scheduler.num_scheduler_steps, config.scheduler.adaptive_windows))
+                self.graph_runner, self.model.compute_logits, lengths[-1:] if window_graph.LONGEST_ONLY else lengths)
             self.window_graphs.capture()
         if tp.world_size == 1 and piecewise_graph.ENABLED:
             self.piecewise_graphs = piecewise_graph.PiecewiseGraphRunner(

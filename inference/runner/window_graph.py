@@ -33,6 +33,7 @@ from .multi_step import MultiStepHandle
 
 logger = logging.getLogger(__name__)
 ENABLED = True  # a benchmark knob (benchmarks/throughput.py --no-window-graphs): capture window graphs at all
+LONGEST_ONLY = False  # a benchmark knob (--window-graphs-longest-only): graphs for the longest length only
 
 
 class DecodeWindowGraphs:
