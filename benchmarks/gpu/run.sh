@@ -34,6 +34,8 @@
 #                    profiler (--profile-late 2): where a late request's TTFT goes
 #   window-target    engine-sized decode windows of at most WT ms (default 25) against the default (12): the late requests,
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
+#   gemm-sweep-w3    W3's decode GEMMs (Qwen2.5-7B shape, 50 rows): cuBLAS, cuBLASLt and the Triton split-K grid
+#                    (gemm_sweep.py)
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -198,6 +200,8 @@ for step in "$@"; do
   late-profile) run_step late-profile 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
       --num-late 4 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --profile-late 2 \
       --output-json "$(name late-requests-profile)" ;;
+  gemm-sweep-w3) run_step gemm-sweep-w3 400 $PY benchmarks/gemm_sweep.py --model $M7 --batch-sizes 50 \
+      --blas-libraries cublaslt --output-json "$(name gemm-sweep-w3)" ;;
   window-lengths)
     for r in ${WL_ROUNDS:-a b}; do
       run_step w2-wl-all-$r 200 $TP $W2 --output-json "$(name w2-window-graphs-all "" _$r)"
