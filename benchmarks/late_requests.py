@@ -261,7 +261,7 @@ def main() -> None:
               "max_num_seqs": args.max_num_seqs, "num_scheduler_steps": args.num_scheduler_steps or "auto",
               "adaptive_windows": engine.config.scheduler.adaptive_windows,
               "max_window": engine.config.scheduler.num_scheduler_steps,
-              "window_target_ms": 1e3 * decode_windows.WINDOW_TARGET_S,
+              "window_target_ms": 1e3 * decode_windows.WINDOW_TARGET_S, "window_clock": decode_windows.WINDOW_CLOCK,
               "async_scheduling": engine.config.scheduler.async_scheduling,
               "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
               "device": engine.config.device, "dtype": str(engine.config.dtype),

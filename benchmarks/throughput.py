@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.sampling_params import RequestOutputKind  # noqa: E402
+from inference.sched import decode_windows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -127,6 +128,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
     windows = engine.runner.window_graphs
     result.update({"engine_build_s": build_s, "window_graphs": windows is not None,
                    "window_graph_lengths": windows.lengths if windows is not None else [],
+                   "window_clock": decode_windows.WINDOW_CLOCK,
+                   "blas_library": str(torch.backends.cuda.preferred_blas_library()) if torch.cuda.is_available() else None,
                    "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
                    "num_scheduler_steps": num_scheduler_steps or "auto",
@@ -307,6 +310,11 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-piecewise-graphs", action="store_true",
                         help="steps that compute prompt tokens run eagerly, not as piecewise CUDA graphs "
                              "(runner/piecewise_graph.py; a benchmark knob)")
+    parser.add_argument("--window-clock", choices=["device", "wall"], default=None,
+                        help="what sizes engine-sized decode windows: each launch's device time (the default on a "
+                             "GPU) or the wall time between launches (decode_windows.WINDOW_CLOCK; a benchmark knob)")
+    parser.add_argument("--blas-library", choices=["cublas", "cublaslt"], default=None,
+                        help="torch.backends.cuda.preferred_blas_library for the dense layers (a benchmark knob)")
     parser.add_argument("--window-graphs-longest-only", action="store_true",
                         help="capture window graphs for the longest window length only; shorter engine-sized "
                              "windows run step by step (runner/window_graph.py; a benchmark knob)")
@@ -314,11 +322,14 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
 
 def apply_engine_knobs(args) -> None:
     if args.window_target_ms is not None:
-        from inference.sched import decode_windows
         decode_windows.WINDOW_TARGET_S = args.window_target_ms / 1000
     if args.no_piecewise_graphs:
         from inference.runner import piecewise_graph
         piecewise_graph.ENABLED = False
+    if args.window_clock is not None:
+        decode_windows.WINDOW_CLOCK = args.window_clock
+    if args.blas_library is not None:
+        torch.backends.cuda.preferred_blas_library(args.blas_library)
     if args.window_graphs_longest_only:
         from inference.runner import window_graph
         window_graph.LONGEST_ONLY = True

@@ -36,6 +36,10 @@
 #                    then W2 with each, alternating, rounds WT_ROUNDS (default "a b") (--window-target-ms)
 #   gemm-sweep-w3    W3's decode GEMMs (Qwen2.5-7B shape, 50 rows): cuBLAS, cuBLASLt and the Triton split-K grid
 #                    (gemm_sweep.py)
+#   window-clock     W2 at default flags with windows sized by each launch's device time (the default) and by the wall
+#                    time between launches (--window-clock wall), alternating, rounds WC_ROUNDS (default "a b")
+#   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
+#                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a")
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -202,6 +206,20 @@ for step in "$@"; do
       --output-json "$(name late-requests-profile)" ;;
   gemm-sweep-w3) run_step gemm-sweep-w3 400 $PY benchmarks/gemm_sweep.py --model $M7 --batch-sizes 50 \
       --blas-libraries cublaslt --output-json "$(name gemm-sweep-w3)" ;;
+  window-clock)
+    for r in ${WC_ROUNDS:-a b}; do
+      run_step w2-wc-device-$r 200 $TP $W2 --output-json "$(name w2-window-clock-device "" _$r)"
+      run_step w2-wc-wall-$r 200 $TP $W2 --window-clock wall --output-json "$(name w2-window-clock-wall "" _$r)"
+    done ;;
+  blas)
+    for r in ${BLAS_ROUNDS:-a}; do
+      run_step w3-cublas-$r 300 $TP $W3 --blas-library cublas --output-json "$(name w3-cublas "" _$r)"
+      run_step w3-cublaslt-$r 300 $TP $W3 --blas-library cublaslt --output-json "$(name w3-cublaslt "" _$r)"
+      run_step w1-cublas-$r 200 $TP $W1 --blas-library cublas --output-json "$(name w1-cublas "" _$r)"
+      run_step w1-cublaslt-$r 200 $TP $W1 --blas-library cublaslt --output-json "$(name w1-cublaslt "" _$r)"
+      run_step w2-cublas-$r 200 $TP $W2 --blas-library cublas --output-json "$(name w2-cublas "" _$r)"
+      run_step w2-cublaslt-$r 200 $TP $W2 --blas-library cublaslt --output-json "$(name w2-cublaslt "" _$r)"
+    done ;;
   window-lengths)
     for r in ${WL_ROUNDS:-a b}; do
       run_step w2-wl-all-$r 200 $TP $W2 --output-json "$(name w2-window-graphs-all "" _$r)"

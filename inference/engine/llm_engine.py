@@ -366,7 +366,7 @@ class LLMEngine:
         runner_out = handle.result()
         finished = time.perf_counter()
         self.device_wait_seconds += finished - waited
-        self._measure_decode_step(sched_out, finished)
+        self._measure_decode_step(sched_out, finished, handle.device_seconds)
         update = self.scheduler.update_from_output(sched_out, runner_out)
         if sched_out.num_steps > 1:
             kept = [len(record.token_ids) for record in update.sampled]  # tokens appended per request
@@ -391,9 +391,9 @@ class LLMEngine:
         """Moving average of one decode step's time (s); None before two decode-only launches came back."""
         return self.decode_clock.step_seconds
 
-    def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float) -> None:
+    def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float, device_seconds: float | None) -> None:
         """Time decode-only steps and, with adaptive windows, size the next windows from it."""
-        seconds = self.decode_clock.observe(sched_out, finished)
+        seconds = self.decode_clock.observe(sched_out, finished, device_seconds)
         if seconds is not None and self.config.scheduler.adaptive_windows:
             self.scheduler.window_limit = adaptive_window(seconds, self.config.scheduler.num_scheduler_steps)
 

@@ -261,6 +261,17 @@ class ModelRunner:
             The launched step (a window of ``sched_out.num_steps`` decode steps when that is more
             than 1, see :mod:`.multi_step`), or None for a plan without inputs.
         """
+        start = None  # a decode-only launch's device time sizes the engine's decode windows
+        if sched_out is not None and sched_out.is_decode_only and self.device.startswith("cuda"):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        handle = self._launch(plan, sched_out, input_ids, prev)
+        if handle is not None:
+            handle.start_event = start
+        return handle
+
+    def _launch(self, plan: StepPlan, sched_out: SchedulerOutput | None, input_ids: torch.Tensor | None,
+                prev: "StepHandle | None") -> "StepHandle | MultiStepHandle | None":
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
         self._apply_block_ops(plan)

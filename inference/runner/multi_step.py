@@ -17,6 +17,7 @@ import torch
 from ..sched.scheduler_output import ModelRunnerOutput
 from ..sampling import SamplingMetadata
 from .input_batch import ModelInput
+from .step_handle import DeviceTimed
 
 
 def next_decode_inputs(inputs: ModelInput, token_ids: torch.Tensor, block_size: int) -> ModelInput:
@@ -63,7 +64,7 @@ def run_decode_window(forward_and_sample: Callable[[ModelInput, SamplingMetadata
     return MultiStepHandle(torch.stack(tokens, dim=1))
 
 
-class MultiStepHandle:
+class MultiStepHandle(DeviceTimed):
     """A launched window: its ``[B, N]`` int64 tokens are on their way to host memory.
 
     ``result()`` waits for them (the window's only host synchronisation).
@@ -76,8 +77,7 @@ class MultiStepHandle:
         if token_ids.is_cuda:
             self._host_tokens = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             self._host_tokens.copy_(token_ids, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._event = self._done_event()
 
     @property
     def device_token_ids(self) -> torch.Tensor:

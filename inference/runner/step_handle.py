@@ -7,7 +7,29 @@ import torch
 from ..sched.scheduler_output import ModelRunnerOutput
 
 
-class StepHandle:
+class DeviceTimed:
+    """The device time of a launch: from ``start_event`` (recorded by the runner before the launch's first
+    kernel) to the handle's event (recorded after its tokens' copy to the host). CUDA only."""
+
+    start_event: "torch.cuda.Event | None" = None
+    _event: "torch.cuda.Event | None" = None
+
+    @staticmethod
+    def _done_event() -> "torch.cuda.Event":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @property
+    def device_seconds(self) -> float | None:
+        """Seconds the device spent from the launch's start to its tokens' copy; None without both events.
+        Call after ``result()`` (the events have completed by then)."""
+        if self.start_event is None or self._event is None:
+            return None
+        return self.start_event.elapsed_time(self._event) / 1000
+
+
+class StepHandle(DeviceTimed):
     """A launched step: its sampled tokens are on their way to host memory.
 
     ``result()`` blocks until the device has produced them (the step's only host synchronisation)
@@ -24,8 +46,7 @@ class StepHandle:
         if sampled is not None and sampled.token_ids.is_cuda:
             self._host_tokens = torch.empty(sampled.token_ids.shape, dtype=sampled.token_ids.dtype, pin_memory=True)
             self._host_tokens.copy_(sampled.token_ids, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._event = self._done_event()
 
     @property
     def device_token_ids(self) -> torch.Tensor | None:

@@ -40,6 +40,11 @@ AUTO_MAX_WINDOW = 8  # longest window the engine chooses itself (no --num-schedu
 # (late-requests-window-12ms_h100_2026-12-06.json, w2-window-*_h100_2026-12-06_*.json, w3*_h100_2026-12-06.json).
 WINDOW_TARGET_S = 0.012
 STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving average
+# What a decode step's time is, where the device can time it: "device", the launch's own device time (CUDA events),
+# or "wall", the time between the returns of consecutive launches (a benchmark knob; the CPU's only clock). Wall
+# time counts the host's work per window too: with the host the slower side, shorter windows made it slower still
+# (W2 on the H200, 12 ms windows: 4-step windows and 56,198-65,525 output tok/s, the slow runs host-bound).
+WINDOW_CLOCK = "device"
 
 
 def adaptive_window(step_seconds: float | None, max_window: int, target_s: float | None = None) -> int:
@@ -148,8 +153,9 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
 
 
 class DecodeStepClock:
-    """Times decode-only launches: seconds per decode step between the returns of consecutive decode-only
-    launches (a step with a prefill in between restarts the clock), as a moving average.
+    """Times decode-only launches: seconds per decode step, as a moving average, from each launch's device time
+    where it was measured (CUDA), else between the returns of consecutive decode-only launches (a step with a
+    prefill in between restarts that clock); see :data:`WINDOW_CLOCK`.
 
     Attributes:
         window_steps: decode-only launches by their number of steps.
@@ -161,17 +167,21 @@ class DecodeStepClock:
         self.step_seconds: float | None = None
         self._last_finish: float | None = None  # when the last decode-only launch's tokens came back
 
-    def observe(self, out: SchedulerOutput, finished: float) -> float | None:
-        """Record launch ``out`` whose tokens came back at ``finished`` (``time.perf_counter()`` s); returns the
-        new average when this launch updated it, else None."""
+    def observe(self, out: SchedulerOutput, finished: float, device_seconds: float | None = None) -> float | None:
+        """Record launch ``out`` whose tokens came back at ``finished`` (``time.perf_counter()`` s) after
+        ``device_seconds`` on the device (None where not measured); returns the new average when this launch
+        updated it, else None."""
         if not out.is_decode_only:
             self._last_finish = None
             return None
         self.window_steps[out.num_steps] += 1
         last, self._last_finish = self._last_finish, finished
-        if last is None:
+        if device_seconds is not None and WINDOW_CLOCK == "device":
+            seconds = device_seconds / out.num_steps
+        elif last is None:
             return None
-        seconds = (finished - last) / out.num_steps
+        else:
+            seconds = (finished - last) / out.num_steps
         average = self.step_seconds
         self.step_seconds = seconds if average is None else average + STEP_TIME_SMOOTHING * (seconds - average)
         return self.step_seconds

@@ -3,12 +3,14 @@ window as fit in a target time at the measured step time, up to ``AUTO_MAX_WINDO
 are those of single steps."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from inference import LLM, SamplingParams
 from inference.engine import arg_utils
 from inference.sched import decode_windows
-from inference.sched.decode_windows import AUTO_MAX_WINDOW, adaptive_window, window_lengths
+from inference.sched.decode_windows import AUTO_MAX_WINDOW, DecodeStepClock, adaptive_window, window_lengths
 
 
 def test_the_window_fits_the_target_time_at_the_measured_step_time():
@@ -27,6 +29,24 @@ def test_window_graphs_are_captured_for_every_length_the_engine_chooses():
         assert window_lengths(bound, adaptive=True) == sorted(chosen)
     assert window_lengths(8, adaptive=False) == [8]  # the user's fixed windows
     assert window_lengths(1, adaptive=True) == []
+
+
+def test_the_step_time_is_the_device_time_where_measured(monkeypatch):
+    """With the device's time of each launch, a host slower than the device (returns 10 ms apart for 4 steps of
+    1 ms) does not make the windows shorter; the wall time between returns is the clock without it."""
+    window = SimpleNamespace(is_decode_only=True, num_steps=4)
+    clock = DecodeStepClock()
+    assert clock.observe(window, finished=1.000, device_seconds=0.004) == pytest.approx(0.001)  # the first launch
+    assert clock.observe(window, finished=1.010, device_seconds=0.004) == pytest.approx(0.001)
+    monkeypatch.setattr(decode_windows, "WINDOW_CLOCK", "wall")
+    wall = DecodeStepClock()
+    assert wall.observe(window, finished=1.000, device_seconds=0.004) is None
+    assert wall.observe(window, finished=1.010, device_seconds=0.004) == pytest.approx(0.0025)
+    cpu = DecodeStepClock()  # no device time: the wall clock whatever the setting
+    monkeypatch.setattr(decode_windows, "WINDOW_CLOCK", "device")
+    cpu.observe(window, finished=1.000)
+    assert cpu.observe(window, finished=1.010) == pytest.approx(0.0025)
+    assert cpu.observe(SimpleNamespace(is_decode_only=False, num_steps=1), finished=1.02) is None
 
 
 def test_defaults_size_windows_on_a_gpu_only():
