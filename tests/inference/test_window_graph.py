@@ -38,9 +38,11 @@ class _EagerWindow:
 
 
 def _llm(folder, **kw) -> LLM:
+    """An engine with windows of 4 steps (``num_scheduler_steps=None`` in ``kw``: engine-sized windows)."""
     memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
+    kw.setdefault("num_scheduler_steps", 4)
     return LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, attention_backend="triton",
-               device=DEVICE, dtype="float32", block_size=16, num_scheduler_steps=4, max_num_seqs=8, **memory, **kw)
+               device=DEVICE, dtype="float32", block_size=16, max_num_seqs=8, **memory, **kw)
 
 
 def _attach_windows(llm: LLM, lengths: tuple[int, ...] = (4,)) -> list:
@@ -66,11 +68,11 @@ def _attach_windows(llm: LLM, lengths: tuple[int, ...] = (4,)) -> list:
     return replays
 
 
-def _generate(folder, prompts, params, windows: bool, **kw) -> tuple[list, list]:
-    """Token ids per prompt and the sizes of the windows that ran as graphs: the step-by-step engine
-    (eager) or one with window graphs. The engine is dropped on return; KV blocks all free again."""
+def _generate(folder, prompts, params, windows: bool, lengths: tuple[int, ...] = (4,), **kw) -> tuple[list, list]:
+    """Token ids per prompt and the windows that ran as graphs (``(length, batch)``): the step-by-step engine
+    (eager) or one with window graphs of ``lengths``. The engine is dropped on return; KV blocks all free again."""
     llm = _llm(folder, **kw) if windows else _llm(folder, enforce_eager=True, **kw)
-    replays = _attach_windows(llm) if windows else []
+    replays = _attach_windows(llm, lengths) if windows else []
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
@@ -115,18 +117,11 @@ def test_engine_sized_windows_replay_the_graph_of_their_own_length(tmp_path, smo
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (31, 40, 45, 52)]
     expected, _ = _generate(folder, prompts, params, windows=False)
     free_device_memory()
-    memory = dict(gpu_memory_utilization=0.3) if HAS_CUDA else dict(kv_cache_space=0.05)
-    llm = LLM(model=str(folder), max_model_len=128, max_num_batched_tokens=64, attention_backend="triton",
-              device=DEVICE, dtype="float32", block_size=16, max_num_seqs=8, async_scheduling=True, **memory)
-    assert llm.llm_engine.config.scheduler.adaptive_windows
-    replays = _attach_windows(llm, lengths=(2, 4, 8))
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == expected
-    assert {n for n, _ in replays} == {2, 4, 8}, replays
-    kv = llm.llm_engine.kv_cache_manager
-    assert kv.num_free_blocks == kv.num_blocks
-    llm.close()
+    got, replays = _generate(folder, prompts, params, windows=True, lengths=(2, 4, 8), num_scheduler_steps=None,
+                             async_scheduling=True)
     free_device_memory()
+    assert got == expected
+    assert {n for n, _ in replays} == {2, 4, 8}, replays
 
 
 @pytest.mark.timeout(900)
