@@ -39,7 +39,8 @@
 #   window-clock     W2 at default flags with windows sized by each launch's device time (the default) and by the wall
 #                    time between launches (--window-clock wall), alternating, rounds WC_ROUNDS (default "a b")
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
-#                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a")
+#                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
+#                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -213,12 +214,11 @@ for step in "$@"; do
     done ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
-      run_step w3-cublas-$r 300 $TP $W3 --blas-library cublas --output-json "$(name w3-cublas "" _$r)"
-      run_step w3-cublaslt-$r 300 $TP $W3 --blas-library cublaslt --output-json "$(name w3-cublaslt "" _$r)"
-      run_step w1-cublas-$r 200 $TP $W1 --blas-library cublas --output-json "$(name w1-cublas "" _$r)"
-      run_step w1-cublaslt-$r 200 $TP $W1 --blas-library cublaslt --output-json "$(name w1-cublaslt "" _$r)"
-      run_step w2-cublas-$r 200 $TP $W2 --blas-library cublas --output-json "$(name w2-cublas "" _$r)"
-      run_step w2-cublaslt-$r 200 $TP $W2 --blas-library cublaslt --output-json "$(name w2-cublaslt "" _$r)"
+      for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do
+        case $w in w1) flags=$W1 ;; w2) flags=$W2 ;; *) flags=$W3 ;; esac
+        run_step $w-cublas-$r 300 $TP $flags --blas-library cublas --output-json "$(name $w-cublas "" _$r)"
+        run_step $w-cublaslt-$r 300 $TP $flags --blas-library cublaslt --output-json "$(name $w-cublaslt "" _$r)"
+      done
     done ;;
   window-lengths)
     for r in ${WL_ROUNDS:-a b}; do
