@@ -17,9 +17,9 @@ graph's input copies and one replay. Padding rows of the bucket keep sequence le
 store nothing and read nothing), their positions start at 0.
 
 Windows of other lengths (cut near ``max_model_len``), sampled (non-greedy) or logit-processed
-requests, and tensor parallelism take the step-by-step path. With only the longest length captured, the
-engine-sized 4-step windows that W2's 12 ms windows mostly are ran step by step on the H200: 59,336 and 63,042
-output tok/s against 68,999 and 67,436 with 8-step windows (``w2_h200_2026-12-0[56]_r*.json``).
+requests, and tensor parallelism take the step-by-step path. (Graphs for the longest length only left the 4-step
+windows that W2 mostly runs at 12 ms step by step; on the H200 that measured within W2's run-to-run spread,
+``w2-window-graphs-*_h200_2026-12-06_*.json``.)
 """
 from __future__ import annotations
 
