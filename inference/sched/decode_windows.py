@@ -42,8 +42,9 @@ WINDOW_TARGET_S = 0.012
 STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving average
 # What a decode step's time is, where the device can time it: "device", the launch's own device time (CUDA events),
 # or "wall", the time between the returns of consecutive launches (a benchmark knob; the CPU's only clock). Wall
-# time counts the host's work per window too: with the host the slower side, shorter windows made it slower still
-# (W2 on the H200, 12 ms windows: 4-step windows and 56,198-65,525 output tok/s, the slow runs host-bound).
+# time counts the host's work per window too: a slow host measured longer steps and chose shorter windows, which cost
+# it more. On the H200, W2 alternating device and wall clocks: 58,109 / 65,974 against 65,721 / 57,702 output tok/s
+# (w2-window-clock-*_h200_2026-12-06_*.json; the slow run of each arm host-bound, the wall clock's with 2-step windows).
 WINDOW_CLOCK = "device"
 
 
