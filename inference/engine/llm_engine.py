@@ -388,7 +388,8 @@ class LLMEngine:
 
     @property
     def decode_step_seconds(self) -> float | None:
-        """Moving average of one decode step's time (s); None before two decode-only launches came back."""
+        """Moving average of one decode step's time (s): each decode-only launch's device time on CUDA; elsewhere
+        the wall time between two decode-only launches' returns. None before it was measured."""
         return self.decode_clock.step_seconds
 
     def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float, device_seconds: float | None) -> None:

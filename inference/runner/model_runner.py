@@ -261,17 +261,6 @@ class ModelRunner:
             The launched step (a window of ``sched_out.num_steps`` decode steps when that is more
             than 1, see :mod:`.multi_step`), or None for a plan without inputs.
         """
-        start = None  # a decode-only launch's device time sizes the engine's decode windows
-        if sched_out is not None and sched_out.is_decode_only and self.device.startswith("cuda"):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-        handle = self._launch(plan, sched_out, input_ids, prev)
-        if handle is not None:
-            handle.start_event = start
-        return handle
-
-    def _launch(self, plan: StepPlan, sched_out: SchedulerOutput | None, input_ids: torch.Tensor | None,
-                prev: "StepHandle | None") -> "StepHandle | MultiStepHandle | None":
         # Host-to-device copies go through pinned memory (inference/host_to_device.py): a copy from
         # pageable memory would wait for the stream, i.e. for the previous step still running.
         self._apply_block_ops(plan)
@@ -296,12 +285,18 @@ class ModelRunner:
             inputs.meta.max_seq_len = self._max_seq_len
             inputs.meta.num_splits = decode_split_plan(inputs.input_ids.shape[0], self._graph_sizes,
                                                        self.num_kv_heads, self._max_seq_len, self.device)
+        # A decode-only launch's device time sizes the engine's decode windows: timed from here, once its inputs
+        # are built, so that the host's preparation is not counted when the device was idle meanwhile.
+        start = self._timing_start() if sched_out is not None and sched_out.is_decode_only else None
         if sched_out is not None and sched_out.num_steps > 1:
             if self.window_graphs is not None and self.window_graphs.can_run(inputs, sched_out.num_steps,
                                                                              sampling_meta):
-                return self.window_graphs.run(inputs, sched_out.num_steps)
-            return run_decode_window(self._decode_and_sample, inputs, sampling_meta, sched_out.num_steps,
-                                     self.block_size)
+                handle = self.window_graphs.run(inputs, sched_out.num_steps)
+            else:
+                handle = run_decode_window(self._decode_and_sample, inputs, sampling_meta, sched_out.num_steps,
+                                           self.block_size)
+            handle.start_event = start
+            return handle
         hidden = self._forward(inputs)
         sampled = None
         if plan.batch.logits_rows.size:  # on every rank: the ranks gather the logits together
@@ -310,7 +305,17 @@ class ModelRunner:
                 self._apply_grammars(logits, sampling, prev)
                 sampled = self.sampler(logits, sampling_meta)
         prompt_logprobs = self._prompt_logprobs(sched_out, inputs, hidden)
-        return StepHandle(sampling, sampled, prompt_logprobs)
+        handle = StepHandle(sampling, sampled, prompt_logprobs)
+        handle.start_event = start
+        return handle
+
+    def _timing_start(self) -> "torch.cuda.Event | None":
+        """A timing event recorded now on the current stream (CUDA); None elsewhere."""
+        if not self.device.startswith("cuda"):
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _forward(self, inputs) -> torch.Tensor:
         """Hidden states ``[T, H]`` of the step's tokens (a CUDA graph replay where one fits)."""
