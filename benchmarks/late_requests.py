@@ -53,8 +53,9 @@ from pathlib import Path
 import torch
 
 from step_profile import TritonCompileWatch, profile_summary
-from throughput import (add_engine_knob_args, add_workload_args, apply_engine_knobs, make_llm, make_workload,
+from throughput import (add_workload_args, make_llm, make_workload,  # sets sys.path for inference
                         warm_up, write_result)
+from engine_knobs import add_engine_knob_args, apply_engine_knobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

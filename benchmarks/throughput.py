@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.sampling_params import RequestOutputKind  # noqa: E402
 from inference.sched import decode_windows  # noqa: E402
+from engine_knobs import add_engine_knob_args, apply_engine_knobs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -302,39 +303,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matmul-tflops", type=float, default=790.0, help="measured bf16 matmul rate (roofline)")
 
 
-def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
-    """Benchmark knobs that change module constants of the engine, for side-by-side runs."""
-    parser.add_argument("--window-target-ms", type=float, default=None,
-                        help="override the longest time an engine-sized decode window lasts "
-                             "(decode_windows.WINDOW_TARGET_S; a benchmark knob)")
-    parser.add_argument("--no-piecewise-graphs", action="store_true",
-                        help="steps that compute prompt tokens run eagerly, not as piecewise CUDA graphs "
-                             "(runner/piecewise_graph.py; a benchmark knob)")
-    parser.add_argument("--window-clock", choices=["device", "wall"], default=None,
-                        help="what sizes engine-sized decode windows: each launch's device time (the default on a "
-                             "GPU) or the wall time between launches (decode_windows.WINDOW_CLOCK; a benchmark knob)")
-    parser.add_argument("--blas-library", choices=["cublas", "cublaslt"], default=None,
-                        help="torch.backends.cuda.preferred_blas_library for the dense layers (a benchmark knob)")
-    parser.add_argument("--window-graphs-longest-only", action="store_true",
-                        help="capture window graphs for the longest window length only; shorter engine-sized "
-                             "windows run step by step (runner/window_graph.py; a benchmark knob)")
-
-
-def apply_engine_knobs(args) -> None:
-    if args.window_target_ms is not None:
-        decode_windows.WINDOW_TARGET_S = args.window_target_ms / 1000
-    if args.no_piecewise_graphs:
-        from inference.runner import piecewise_graph
-        piecewise_graph.ENABLED = False
-    if args.window_clock is not None:
-        decode_windows.WINDOW_CLOCK = args.window_clock
-    if args.blas_library is not None:
-        torch.backends.cuda.preferred_blas_library(args.blas_library)
-    if args.window_graphs_longest_only:
-        from inference.runner import window_graph
-        window_graph.LONGEST_ONLY = True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(parser)
@@ -353,26 +321,16 @@ def main() -> None:
                              "operators by self time)")
     parser.add_argument("--profile-phase", choices=["decode", "prefill"], default="decode",
                         help="profile from the first step (prefill) or once all prompts are prefilled (decode)")
-    parser.add_argument("--decode-programs-per-sm", type=int, default=None,
-                        help="override the decode attention's KV-split target (triton_decode.PROGRAMS_PER_SM)")
     parser.add_argument("--output-kind", choices=["final_only", "delta"], default="final_only",
                         help="SamplingParams.output_kind of the measured requests: one output per request, as "
                              "LLM.generate (and vLLM's throughput benchmark) asks for, or every step's deltas")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the workload this many times on the same engine (the first is the result)")
-    parser.add_argument("--no-window-graphs", action="store_true",
-                        help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="instead of the step-by-step run: this many alternating rounds of LLM.generate and "
                              "transformers' generate over the whole workload (run_alternating)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
-    if args.no_window_graphs:
-        from inference.runner import window_graph
-        window_graph.ENABLED = False
-    if args.decode_programs_per_sm is not None:
-        from inference.attention import triton_decode
-        triton_decode.PROGRAMS_PER_SM = args.decode_programs_per_sm
     apply_engine_knobs(args)
 
     from inference.model_loader import load_hf_config, resolve_model
