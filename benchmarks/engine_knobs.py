@@ -20,6 +20,9 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-clock", choices=["device", "wall"], default=None,
                         help="what sizes engine-sized decode windows: each launch's device time (the default on a "
                              "GPU) or the wall time between launches (decode_windows.WINDOW_CLOCK; a benchmark knob)")
+    parser.add_argument("--window-host-cover", type=float, default=None,
+                        help="override how many times the host's time per iteration an engine-sized decode window's "
+                             "device time covers at least (decode_windows.HOST_COVER; 0: off; a benchmark knob)")
     parser.add_argument("--blas-library", choices=["cublas", "cublaslt"], default=None,
                         help="torch.backends.cuda.preferred_blas_library for the dense layers (a benchmark knob)")
     parser.add_argument("--no-window-graphs", action="store_true",
@@ -39,6 +42,8 @@ def apply_engine_knobs(args) -> None:
         piecewise_graph.ENABLED = False
     if args.window_clock is not None:
         decode_windows.WINDOW_CLOCK = args.window_clock
+    if args.window_host_cover is not None:
+        decode_windows.HOST_COVER = args.window_host_cover
     if args.blas_library is not None:
         torch.backends.cuda.preferred_blas_library(args.blas_library)
     if args.no_window_graphs:

@@ -38,6 +38,9 @@
 #                    (gemm_sweep.py)
 #   window-clock     W2 at default flags with windows sized by each launch's device time (the default) and by the wall
 #                    time between launches (--window-clock wall), alternating, rounds WC_ROUNDS (default "a b")
+#   window-host      W2 at default flags (engine-sized windows at least 1.25 times the host's time per iteration on
+#                    the device) and with --window-host-cover 0 (the latency target alone), alternating, rounds
+#                    WH_ROUNDS (default "a b"); then the late requests at default flags
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
@@ -212,6 +215,13 @@ for step in "$@"; do
       run_step w2-wc-device-$r 200 $TP $W2 --output-json "$(name w2-window-clock-device "" _$r)"
       run_step w2-wc-wall-$r 200 $TP $W2 --window-clock wall --output-json "$(name w2-window-clock-wall "" _$r)"
     done ;;
+  window-host)
+    for r in ${WH_ROUNDS:-a b}; do
+      run_step w2-wh-default-$r 200 $TP $W2 --output-json "$(name w2-window-host-cover "" _$r)"
+      run_step w2-wh-off-$r 200 $TP $W2 --window-host-cover 0 --output-json "$(name w2-window-host-cover-off "" _$r)"
+    done
+    run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+      --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
       for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do

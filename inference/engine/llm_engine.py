@@ -366,7 +366,7 @@ class LLMEngine:
         runner_out = handle.result()
         finished = time.perf_counter()
         self.device_wait_seconds += finished - waited
-        self._measure_decode_step(sched_out, finished, handle.device_seconds)
+        self._measure_decode_step(sched_out, waited, finished, handle.device_seconds)
         update = self.scheduler.update_from_output(sched_out, runner_out)
         if sched_out.num_steps > 1:
             kept = [len(record.token_ids) for record in update.sampled]  # tokens appended per request
@@ -392,11 +392,15 @@ class LLMEngine:
         the wall time between two decode-only launches' returns. None before it was measured."""
         return self.decode_clock.step_seconds
 
-    def _measure_decode_step(self, sched_out: SchedulerOutput, finished: float, device_seconds: float | None) -> None:
-        """Time decode-only steps and, with adaptive windows, size the next windows from it."""
-        seconds = self.decode_clock.observe(sched_out, finished, device_seconds)
+    def _measure_decode_step(self, sched_out: SchedulerOutput, waited: float, finished: float,
+                             device_seconds: float | None) -> None:
+        """Time decode-only steps (and the host's iterations between them) and, with adaptive windows, size the
+        next windows from them."""
+        clock = self.decode_clock
+        seconds = clock.observe(sched_out, finished, device_seconds, waited)
         if seconds is not None and self.config.scheduler.adaptive_windows:
-            self.scheduler.window_limit = adaptive_window(seconds, self.config.scheduler.num_scheduler_steps)
+            self.scheduler.window_limit = adaptive_window(seconds, self.config.scheduler.num_scheduler_steps,
+                                                          host_seconds=clock.host_seconds)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager

@@ -46,18 +46,34 @@ STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving
 # it more. On the H200, W2 alternating device and wall clocks: 58,109 / 65,974 against 65,721 / 57,702 output tok/s
 # (w2-window-clock-*_h200_2026-12-06_*.json; the slow run of each arm host-bound, the wall clock's with 2-step windows).
 WINDOW_CLOCK = "device"
+# Where the device times its launches (CUDA), a window also lasts at least HOST_COVER times the host's own time per
+# decode-only iteration (processing a window's tokens, scheduling and launching the next, the caller's work on the
+# outputs), up to the longest window: while a window's device time is shorter than that, the device waits for the host
+# between windows. 0 turns it off (a benchmark knob). The window is then longer than the latency target only while the
+# host, not the window, is what a new request waits for.
+HOST_COVER = 1.25
 
 
-def adaptive_window(step_seconds: float | None, max_window: int, target_s: float | None = None) -> int:
+def adaptive_window(step_seconds: float | None, max_window: int, target_s: float | None = None,
+                    host_seconds: float | None = None) -> int:
     """Decode steps per window that the engine chooses: as many as fit in ``target_s`` at
     ``step_seconds`` a step (the moving average of decode steps measured so far), between 1 and
-    ``max_window``, rounded down to a power of two below ``max_window``; 1 until a step was measured. ``target_s`` defaults to :data:`WINDOW_TARGET_S`. A request that arrives while a window runs is
+    ``max_window``, rounded down to a power of two below ``max_window``; 1 until a step was measured.
+    ``target_s`` defaults to :data:`WINDOW_TARGET_S`. A request that arrives while a window runs is
     admitted at the next step boundary after it, so it waits at most about ``target_s`` (twice,
     when the next window was launched ahead); a request that reaches EOS or a stop string computes
-    at most the rest of the window in tokens that are dropped."""
+    at most the rest of the window in tokens that are dropped.
+
+    With ``host_seconds`` (the host's time per decode-only iteration, measured where the device times
+    its launches), the window is at least the shortest power of two whose device time covers
+    :data:`HOST_COVER` times it, still at most ``max_window``: a longer window then costs a new request
+    no more wait than the host already does."""
     if not step_seconds or step_seconds <= 0:
         return 1
     fits = min(max_window, int((WINDOW_TARGET_S if target_s is None else target_s) / step_seconds))
+    if host_seconds and HOST_COVER > 0:
+        cover = -(-HOST_COVER * host_seconds // step_seconds)  # steps whose device time covers the host's
+        fits = max(fits, min(max_window, 1 << (int(cover) - 1).bit_length()))  # rounded up to a power of two
     if fits >= max_window:
         return max_window  # the length the window graphs are captured for
     return 1 << (fits.bit_length() - 1) if fits > 1 else 1  # a power of two: few distinct window lengths
@@ -161,22 +177,30 @@ class DecodeStepClock:
     Attributes:
         window_steps: decode-only launches by their number of steps.
         step_seconds: the moving average (:data:`STEP_TIME_SMOOTHING`), None until measured.
+        host_seconds: where the device times its launches, the moving average of the host's time per
+            decode-only iteration: from one launch's tokens coming back to the wait for the next launch's
+            (:func:`adaptive_window`'s ``host_seconds``); None until measured, and on the CPU.
     """
 
     def __init__(self) -> None:
         self.window_steps: collections.Counter[int] = collections.Counter()
         self.step_seconds: float | None = None
+        self.host_seconds: float | None = None
         self._last_finish: float | None = None  # when the last decode-only launch's tokens came back
 
-    def observe(self, out: SchedulerOutput, finished: float, device_seconds: float | None = None) -> float | None:
+    def observe(self, out: SchedulerOutput, finished: float, device_seconds: float | None = None,
+                waited: float | None = None) -> float | None:
         """Record launch ``out`` whose tokens came back at ``finished`` (``time.perf_counter()`` s) after
-        ``device_seconds`` on the device (None where not measured); returns the new average when this launch
-        updated it, else None."""
+        ``device_seconds`` on the device (None where not measured), the host having started to wait for
+        them at ``waited``; returns the new step-time average when this launch updated it, else None."""
         if not out.is_decode_only:
             self._last_finish = None
             return None
         self.window_steps[out.num_steps] += 1
         last, self._last_finish = self._last_finish, finished
+        if device_seconds is not None and last is not None and waited is not None:
+            host, average = max(waited - last, 0.0), self.host_seconds
+            self.host_seconds = host if average is None else average + STEP_TIME_SMOOTHING * (host - average)
         if device_seconds is not None and WINDOW_CLOCK == "device":
             seconds = device_seconds / out.num_steps
         elif last is None:

@@ -22,10 +22,44 @@ def test_the_window_fits_the_target_time_at_the_measured_step_time():
     assert adaptive_window(0.0001, 8, target_s=0.015) == 8  # never past the upper bound
 
 
+def test_a_window_lasts_long_enough_on_the_device_to_cover_the_host(monkeypatch):
+    """At 2 ms a step, 12 ms give 4-step windows. A host taking 7 ms per window would leave the device idle
+    between 8 ms windows: the window grows to 8 steps (the bound), never past it; a host that keeps up changes
+    nothing."""
+    assert adaptive_window(0.002, 8, target_s=0.012) == 4
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.007) == 8  # 1.25 x 7 ms needs 5 steps
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.005) == 4  # 4 steps cover 6.25 ms
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.100) == 8
+    assert adaptive_window(0.002, 6, target_s=0.012, host_seconds=0.007) == 6
+    assert adaptive_window(0.020, 8, target_s=0.012, host_seconds=0.030) == 2  # a slow device: 2 x 20 ms cover 37.5
+    monkeypatch.setattr(decode_windows, "HOST_COVER", 0)
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.007) == 4
+
+
+def test_the_host_time_is_measured_between_decode_launches_where_the_device_times_them():
+    """The host's time per iteration is from one launch's tokens coming back to the wait for the next's."""
+    window = SimpleNamespace(is_decode_only=True, num_steps=4)
+    clock = DecodeStepClock()
+    clock.observe(window, finished=1.000, device_seconds=0.008, waited=0.999)
+    assert clock.host_seconds is None  # no launch before it
+    clock.observe(window, finished=1.012, device_seconds=0.008, waited=1.010)
+    assert clock.host_seconds == pytest.approx(0.010)
+    clock.observe(window, finished=1.020, device_seconds=0.008, waited=1.015)
+    assert clock.host_seconds == pytest.approx(0.010 + decode_windows.STEP_TIME_SMOOTHING * (0.003 - 0.010))
+    clock.observe(SimpleNamespace(is_decode_only=False, num_steps=1), finished=1.1)  # a prefill restarts it
+    before = clock.host_seconds
+    clock.observe(window, finished=1.2, device_seconds=0.008, waited=1.19)
+    assert clock.host_seconds == before
+    cpu = DecodeStepClock()  # no device time: the host's time holds the computation itself; not measured
+    cpu.observe(window, finished=1.000, waited=1.0)
+    cpu.observe(window, finished=1.010, waited=1.010)
+    assert cpu.host_seconds is None
+
+
 def test_window_graphs_are_captured_for_every_length_the_engine_chooses():
     step_times = [1e-5 * 1.1 ** k for k in range(120)]  # 10 us to 1 s a step
     for bound in (2, 4, 6, 8):
-        chosen = {adaptive_window(t, bound) for t in step_times} - {1}
+        chosen = {adaptive_window(t, bound, host_seconds=h) for t in step_times for h in (None, 1e-3, 0.1)} - {1}
         assert window_lengths(bound, adaptive=True) == sorted(chosen)
     assert window_lengths(8, adaptive=False) == [8]  # the user's fixed windows
     assert window_lengths(1, adaptive=True) == []
