@@ -14,7 +14,7 @@ from concurrent.futures import wait as wait_futures
 from collections.abc import Mapping
 
 from ..config import EngineConfig
-from ..sched.decode_windows import DecodeStepClock, adaptive_window
+from ..sched.decode_windows import DecodeStepClock
 from ..sched.fair_share import FairShare
 from ..sched.scheduler import Scheduler
 from ..sched.scheduler_output import SchedulerOutput, SchedulerUpdate
@@ -317,6 +317,8 @@ class LLMEngine:
         if self._awaiting_grammar:
             self._admit_compiled()
         outputs, self._aborted_outputs = self._aborted_outputs, []
+        if self._inflight is None:  # idle since the last launch came back: not a step's time, nor the host's
+            self.decode_clock.restart()
         ahead = self._launch_ahead()
         update = self._finish_inflight()
         launched = None
@@ -366,7 +368,8 @@ class LLMEngine:
         runner_out = handle.result()
         finished = time.perf_counter()
         self.device_wait_seconds += finished - waited
-        self._measure_decode_step(sched_out, waited, finished, handle.device_seconds)
+        # a grammar's bitmask waited for these tokens earlier, while the next step was launched ahead
+        self._measure_decode_step(sched_out, min(waited, handle.waited_at or waited), finished, handle.device_seconds)
         update = self.scheduler.update_from_output(sched_out, runner_out)
         if sched_out.num_steps > 1:
             kept = [len(record.token_ids) for record in update.sampled]  # tokens appended per request
@@ -399,8 +402,7 @@ class LLMEngine:
         clock = self.decode_clock
         seconds = clock.observe(sched_out, finished, device_seconds, waited)
         if seconds is not None and self.config.scheduler.adaptive_windows:
-            self.scheduler.window_limit = adaptive_window(seconds, self.config.scheduler.num_scheduler_steps,
-                                                          host_seconds=clock.host_seconds)
+            self.scheduler.window_limit = clock.choose_window(self.config.scheduler.num_scheduler_steps)
 
     def get_stats(self) -> EngineStats:
         kv = self.kv_cache_manager

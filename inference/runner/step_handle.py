@@ -2,6 +2,8 @@
 read back from them (a decode window's handle is ``multi_step.MultiStepHandle``)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..sched.scheduler_output import ModelRunnerOutput
@@ -13,6 +15,7 @@ class DeviceTimed:
 
     start_event: "torch.cuda.Event | None" = None
     _event: "torch.cuda.Event | None" = None
+    waited_at: float | None = None  # when the host first waited for the tokens (time.perf_counter() s)
 
     @staticmethod
     def _done_event() -> "torch.cuda.Event":
@@ -61,6 +64,7 @@ class StepHandle(DeviceTimed):
     def result(self) -> ModelRunnerOutput:
         """The step's tokens on the host (waits for the device the first time; the same object after)."""
         if self._result is None:
+            self.waited_at = time.perf_counter()
             self._result = self._fetch()
         return self._result
 

@@ -26,6 +26,7 @@ With async scheduling the next window is scheduled and launched while one is in 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 
 from ..kv_cache import KVCacheManager
 from ..request import Request
@@ -46,16 +47,18 @@ STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving
 # it more. On the H200, W2 alternating device and wall clocks: 58,109 / 65,974 against 65,721 / 57,702 output tok/s
 # (w2-window-clock-*_h200_2026-12-06_*.json; the slow run of each arm host-bound, the wall clock's with 2-step windows).
 WINDOW_CLOCK = "device"
-# Where the device times its launches (CUDA), a window also lasts at least HOST_COVER times the host's own time per
-# decode-only iteration (processing a window's tokens, scheduling and launching the next, the caller's work on the
-# outputs), up to the longest window: while a window's device time is shorter than that, the device waits for the host
-# between windows. 0 turns it off (a benchmark knob). The window is then longer than the latency target only while the
-# host, not the window, is what a new request waits for.
+# Where the device times its launches (CUDA, WINDOW_CLOCK "device"), a window also lasts at least HOST_COVER times the
+# host's own time per decode-only iteration at that window length (processing a window's tokens, scheduling and
+# launching the next, the caller's work on the outputs), up to the longest window: while a window's device time is
+# shorter than that, the device waits for the host between windows. 0 turns it off (a benchmark knob). The window is
+# then longer than the latency target only while the host, not the window, is what a new request waits for.
 HOST_COVER = 1.25
+HOST_SAMPLES = 5  # the host's time at a window length: the median of its last HOST_SAMPLES iterations (outliers aside)
+PROBE_EVERY = 16  # windows lengthened for the host: every PROBE_EVERY-th runs one length shorter, to re-measure it
 
 
 def adaptive_window(step_seconds: float | None, max_window: int, target_s: float | None = None,
-                    host_seconds: float | None = None) -> int:
+                    host_seconds: Mapping[int, float] | None = None) -> int:
     """Decode steps per window that the engine chooses: as many as fit in ``target_s`` at
     ``step_seconds`` a step (the moving average of decode steps measured so far), between 1 and
     ``max_window``, rounded down to a power of two below ``max_window``; 1 until a step was measured.
@@ -64,19 +67,24 @@ def adaptive_window(step_seconds: float | None, max_window: int, target_s: float
     when the next window was launched ahead); a request that reaches EOS or a stop string computes
     at most the rest of the window in tokens that are dropped.
 
-    With ``host_seconds`` (the host's time per decode-only iteration, measured where the device times
-    its launches), the window is at least the shortest power of two whose device time covers
-    :data:`HOST_COVER` times it, still at most ``max_window``: a longer window then costs a new request
-    no more wait than the host already does."""
+    ``host_seconds`` maps window lengths to the host's time per decode-only iteration at that length
+    (:class:`DecodeStepClock`). From the length above, the window doubles (up to ``max_window``) while
+    its device time does not cover :data:`HOST_COVER` times the host's time measured at that length; a
+    length not measured yet is taken as it is. A longer window then costs a new request no more wait
+    than the host already does."""
     if not step_seconds or step_seconds <= 0:
         return 1
     fits = min(max_window, int((WINDOW_TARGET_S if target_s is None else target_s) / step_seconds))
-    if host_seconds and HOST_COVER > 0:
-        cover = -(-HOST_COVER * host_seconds // step_seconds)  # steps whose device time covers the host's
-        fits = max(fits, min(max_window, 1 << (int(cover) - 1).bit_length()))  # rounded up to a power of two
     if fits >= max_window:
         return max_window  # the length the window graphs are captured for
-    return 1 << (fits.bit_length() - 1) if fits > 1 else 1  # a power of two: few distinct window lengths
+    length = 1 << (fits.bit_length() - 1) if fits > 1 else 1  # a power of two: few distinct window lengths
+    if host_seconds and HOST_COVER > 0:
+        while length < max_window:
+            host = host_seconds.get(length)
+            if host is None or length * step_seconds >= HOST_COVER * host:
+                break
+            length = min(2 * length, max_window)
+    return length
 
 
 def window_lengths(num_scheduler_steps: int, adaptive: bool) -> list[int]:
@@ -177,16 +185,39 @@ class DecodeStepClock:
     Attributes:
         window_steps: decode-only launches by their number of steps.
         step_seconds: the moving average (:data:`STEP_TIME_SMOOTHING`), None until measured.
-        host_seconds: where the device times its launches, the moving average of the host's time per
-            decode-only iteration: from one launch's tokens coming back to the wait for the next launch's
-            (:func:`adaptive_window`'s ``host_seconds``); None until measured, and on the CPU.
     """
 
     def __init__(self) -> None:
         self.window_steps: collections.Counter[int] = collections.Counter()
         self.step_seconds: float | None = None
-        self.host_seconds: float | None = None
         self._last_finish: float | None = None  # when the last decode-only launch's tokens came back
+        self._last_steps = 0  # that launch's number of steps
+        self._host: dict[int, collections.deque[float]] = {}  # the host's times per iteration, by window length
+        self._lengthened = 0  # windows chosen longer than the latency target for the host
+
+    @property
+    def host_seconds(self) -> dict[int, float]:
+        """Where the device times its launches (CUDA), the host's time per decode-only iteration by the length of
+        the window whose tokens it processed: from those tokens coming back to the wait for the next launch's
+        (the median of the last :data:`HOST_SAMPLES`). Empty until measured, and on the CPU."""
+        return {length: sorted(times)[len(times) // 2] for length, times in self._host.items()}
+
+    def restart(self) -> None:
+        """Nothing was in flight (the engine was idle, or waited for work): the next launch's return starts the clock
+        again, so that the idle time counts neither as a step's nor as the host's."""
+        self._last_finish = None
+
+    def choose_window(self, max_window: int) -> int:
+        """The next window's length (:func:`adaptive_window` at the measured step and host times); every
+        :data:`PROBE_EVERY`-th window lengthened for the host is one length shorter, which re-measures the host there."""
+        host = self.host_seconds if WINDOW_CLOCK == "device" else None
+        length = adaptive_window(self.step_seconds, max_window, host_seconds=host)
+        target = adaptive_window(self.step_seconds, max_window)
+        if length > target:
+            self._lengthened += 1
+            if self._lengthened % PROBE_EVERY == 0:
+                length = max(target, 1 << ((length - 1).bit_length() - 1))  # the power of two below
+        return length
 
     def observe(self, out: SchedulerOutput, finished: float, device_seconds: float | None = None,
                 waited: float | None = None) -> float | None:
@@ -197,10 +228,11 @@ class DecodeStepClock:
             self._last_finish = None
             return None
         self.window_steps[out.num_steps] += 1
-        last, self._last_finish = self._last_finish, finished
+        (last, self._last_finish), (last_steps, self._last_steps) = (self._last_finish, finished), \
+            (self._last_steps, out.num_steps)
         if device_seconds is not None and last is not None and waited is not None:
-            host, average = max(waited - last, 0.0), self.host_seconds
-            self.host_seconds = host if average is None else average + STEP_TIME_SMOOTHING * (host - average)
+            times = self._host.setdefault(last_steps, collections.deque(maxlen=HOST_SAMPLES))
+            times.append(max(waited - last, 0.0))
         if device_seconds is not None and WINDOW_CLOCK == "device":
             seconds = device_seconds / out.num_steps
         elif last is None:

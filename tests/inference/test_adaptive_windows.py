@@ -23,43 +23,89 @@ def test_the_window_fits_the_target_time_at_the_measured_step_time():
 
 
 def test_a_window_lasts_long_enough_on_the_device_to_cover_the_host(monkeypatch):
-    """At 2 ms a step, 12 ms give 4-step windows. A host taking 7 ms per window would leave the device idle
-    between 8 ms windows: the window grows to 8 steps (the bound), never past it; a host that keeps up changes
-    nothing."""
+    """At 2 ms a step, 12 ms give 4-step windows. A host taking 7 ms per iteration at that length would leave the
+    device idle between 8 ms windows: the window doubles to 8 steps (the bound), never past it; a host that keeps up
+    at 4 steps keeps 4, whatever it takes at 8."""
     assert adaptive_window(0.002, 8, target_s=0.012) == 4
-    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.007) == 8  # 1.25 x 7 ms needs 5 steps
-    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.005) == 4  # 4 steps cover 6.25 ms
-    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.100) == 8
-    assert adaptive_window(0.002, 6, target_s=0.012, host_seconds=0.007) == 6
-    assert adaptive_window(0.020, 8, target_s=0.012, host_seconds=0.030) == 2  # a slow device: 2 x 20 ms cover 37.5
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.007}) == 8  # 1.25 x 7 ms > 8 ms
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.005, 8: 0.009}) == 4  # 4 steps cover 6.25 ms
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.100, 8: 0.100}) == 8
+    assert adaptive_window(0.002, 6, target_s=0.012, host_seconds={4: 0.007}) == 6
+    assert adaptive_window(0.020, 8, target_s=0.012, host_seconds={1: 0.030, 2: 0.031}) == 2  # 2 x 20 ms cover 38.75
+    assert adaptive_window(0.020, 8, target_s=0.012, host_seconds={1: 0.030, 2: 0.040}) == 4
     monkeypatch.setattr(decode_windows, "HOST_COVER", 0)
-    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds=0.007) == 4
+    assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.007}) == 4
 
 
-def test_the_host_time_is_measured_between_decode_launches_where_the_device_times_them():
-    """The host's time per iteration is from one launch's tokens coming back to the wait for the next's."""
-    window = SimpleNamespace(is_decode_only=True, num_steps=4)
+def test_the_host_time_is_measured_between_decode_launches_where_the_device_times_them(monkeypatch):
+    """The host's time per iteration is from one launch's tokens coming back to the wait for the next's, by the
+    length of the window it processed; an outlier does not move the median, an idle engine counts nothing."""
+    monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 0.008)  # 4 steps of 2 ms
+    four, eight = (SimpleNamespace(is_decode_only=True, num_steps=n) for n in (4, 8))
     clock = DecodeStepClock()
-    clock.observe(window, finished=1.000, device_seconds=0.008, waited=0.999)
-    assert clock.host_seconds is None  # no launch before it
-    clock.observe(window, finished=1.012, device_seconds=0.008, waited=1.010)
-    assert clock.host_seconds == pytest.approx(0.010)
-    clock.observe(window, finished=1.020, device_seconds=0.008, waited=1.015)
-    assert clock.host_seconds == pytest.approx(0.010 + decode_windows.STEP_TIME_SMOOTHING * (0.003 - 0.010))
-    clock.observe(SimpleNamespace(is_decode_only=False, num_steps=1), finished=1.1)  # a prefill restarts it
-    before = clock.host_seconds
-    clock.observe(window, finished=1.2, device_seconds=0.008, waited=1.19)
-    assert clock.host_seconds == before
+    clock.observe(four, finished=1.000, device_seconds=0.008, waited=0.999)
+    assert clock.host_seconds == {}  # no launch before it
+    now = 1.000
+    for host in (0.007, 0.007, 0.5, 0.007):  # a host slower than 4 steps of device time, and one outlier
+        clock.observe(four, finished=now + host + 0.001, device_seconds=0.008, waited=now + host)
+        now += host + 0.001
+    assert clock.host_seconds == {4: pytest.approx(0.007)}
+    assert clock.choose_window(8) == 8
+    clock.observe(eight, finished=now + 0.010, device_seconds=0.016, waited=now + 0.009)  # processed 4 steps
+    clock.observe(eight, finished=now + 0.017, device_seconds=0.016, waited=now + 0.016)  # processed 8 steps in 6 ms
+    assert clock.host_seconds == {4: pytest.approx(0.007), 8: pytest.approx(0.006)}
+    clock.restart()  # idle: the next launch starts the clock again
+    clock.observe(eight, finished=now + 30, device_seconds=0.016, waited=now + 29.9)
+    assert clock.host_seconds[8] == pytest.approx(0.006)
+    clock.observe(SimpleNamespace(is_decode_only=False, num_steps=1), finished=now + 31)  # a prefill restarts it
+    clock.observe(eight, finished=now + 32, device_seconds=0.016, waited=now + 31.9)
+    assert clock.host_seconds[8] == pytest.approx(0.006)
     cpu = DecodeStepClock()  # no device time: the host's time holds the computation itself; not measured
-    cpu.observe(window, finished=1.000, waited=1.0)
-    cpu.observe(window, finished=1.010, waited=1.010)
-    assert cpu.host_seconds is None
+    cpu.observe(four, finished=1.000, waited=1.0)
+    cpu.observe(four, finished=1.010, waited=1.010)
+    assert cpu.host_seconds == {}
+
+
+def test_windows_lengthened_for_the_host_come_back_when_it_keeps_up(monkeypatch):
+    """A slow spell makes 8-step windows; every PROBE_EVERY-th is 4 steps, which re-measures the host there: once it
+    keeps up at 4 steps again, windows are back at the latency target."""
+    monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 0.008)
+    clock, now, chosen = DecodeStepClock(), 0.0, []
+    length = 4
+    for host in [0.009] * 6 + [0.004] * 200:
+        window = SimpleNamespace(is_decode_only=True, num_steps=length)
+        clock.observe(window, finished=now + host + 0.001, device_seconds=0.002 * length, waited=now + host)
+        now += host + 0.001
+        length = clock.choose_window(8)
+        chosen.append(length)
+    assert 8 in chosen[:10]
+    assert chosen[-20:] == [4] * 20, chosen
+    monkeypatch.setattr(decode_windows, "WINDOW_CLOCK", "wall")  # the wall clock holds the host's time already
+    assert clock.choose_window(8) == 4
+
+
+def test_the_engine_lengthens_windows_for_a_host_slower_than_the_device(monkeypatch, test_prompts):
+    """Wiring: with launches timed at 0.1 ms on the device and a target shorter than a step, windows are single
+    steps, unless the host (here the CPU computing the steps) takes longer than they do on the device."""
+    from inference.runner import step_handle
+    monkeypatch.setattr(arg_utils, "AUTO_WINDOW_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 1e-6)
+    monkeypatch.setattr(step_handle.DeviceTimed, "device_seconds", property(lambda self: 1e-4))
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for cover, expected in ((1.25, AUTO_MAX_WINDOW), (0, 1)):
+        monkeypatch.setattr(decode_windows, "HOST_COVER", cover)
+        with LLM(max_model_len=256, kv_cache_space=0.1) as llm:
+            llm.generate(test_prompts[:2], params, use_tqdm=False)
+            engine = llm.llm_engine
+            assert max(steps for steps, n in engine.window_steps.items() if n) == expected, engine.window_steps
+            assert engine.decode_clock.host_seconds  # measured
 
 
 def test_window_graphs_are_captured_for_every_length_the_engine_chooses():
     step_times = [1e-5 * 1.1 ** k for k in range(120)]  # 10 us to 1 s a step
     for bound in (2, 4, 6, 8):
-        chosen = {adaptive_window(t, bound, host_seconds=h) for t in step_times for h in (None, 1e-3, 0.1)} - {1}
+        hosts = (None, {n: 1e-3 for n in (1, 2, 4)}, {n: 0.1 for n in (1, 2, 4)})
+        chosen = {adaptive_window(t, bound, host_seconds=h) for t in step_times for h in hosts} - {1}
         assert window_lengths(bound, adaptive=True) == sorted(chosen)
     assert window_lengths(8, adaptive=False) == [8]  # the user's fixed windows
     assert window_lengths(1, adaptive=True) == []
