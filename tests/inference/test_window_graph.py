@@ -17,9 +17,10 @@ from .triton_interpreter import HAS_CUDA  # noqa: F401  (sets TRITON_INTERPRET=1
 pytest.importorskip("triton")
 
 from inference import LLM, SamplingParams  # noqa: E402
-from inference.engine import arg_utils, llm_engine  # noqa: E402
+from inference.engine import arg_utils  # noqa: E402
 from inference.runner.cuda_graph import CudaGraphRunner  # noqa: E402
 from inference.runner.window_graph import DecodeWindowGraphs  # noqa: E402
+from inference.sched import decode_windows  # noqa: E402
 
 from .conftest import free_device_memory, make_tiny_model  # noqa: E402
 
@@ -110,7 +111,7 @@ def test_engine_sized_windows_replay_the_graph_of_their_own_length(tmp_path, smo
     path's greedy tokens."""
     monkeypatch.setattr(arg_utils, "AUTO_WINDOW_DEVICES", ("cuda", "cpu"))
     chosen = itertools.cycle([2, 8, 4])  # in place of the measured step time's choice
-    monkeypatch.setattr(llm_engine, "adaptive_window", lambda seconds, max_window, target_s=None: next(chosen))
+    monkeypatch.setattr(decode_windows.DecodeStepClock, "choose_window", lambda self, max_window: next(chosen))
     folder = make_tiny_model("llama", tmp_path / "llama", smollm2_tokenizer)
     rng = random.Random(7)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(5, 30))] for _ in range(4)]
