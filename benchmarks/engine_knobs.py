@@ -21,8 +21,8 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
                         help="what sizes engine-sized decode windows: each launch's device time (the default on a "
                              "GPU) or the wall time between launches (decode_windows.WINDOW_CLOCK; a benchmark knob)")
     parser.add_argument("--window-host-cover", type=float, default=None,
-                        help="override how many times the host's time per iteration an engine-sized decode window's "
-                             "device time covers at least (decode_windows.HOST_COVER; 0: off; a benchmark knob)")
+                        help="engine-sized decode windows last on the device at least this many times the host's time "
+                             "per iteration (decode_windows.HOST_COVER; default 0: off; a benchmark knob)")
     parser.add_argument("--blas-library", choices=["cublas", "cublaslt"], default=None,
                         help="torch.backends.cuda.preferred_blas_library for the dense layers (a benchmark knob)")
     parser.add_argument("--no-window-graphs", action="store_true",

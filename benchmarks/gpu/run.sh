@@ -38,9 +38,10 @@
 #                    (gemm_sweep.py)
 #   window-clock     W2 at default flags with windows sized by each launch's device time (the default) and by the wall
 #                    time between launches (--window-clock wall), alternating, rounds WC_ROUNDS (default "a b")
-#   window-host      W2 at default flags (engine-sized windows at least 1.25 times the host's time per iteration on
-#                    the device) and with --window-host-cover 0 (the latency target alone), alternating, rounds
-#                    WH_ROUNDS (default "a b"); then the late requests at default flags
+#   window-host      W2 with engine-sized windows at least 1.25 times the host's time per iteration on the device
+#                    (--window-host-cover 1.25) and at default flags (the latency target alone), alternating, rounds
+#                    WH_ROUNDS (default "a b"); then the late requests with it
+#   w4a16-split-k    the W4A16 decode kernel's K split on gate_up and down at 1, 16 and 64 rows (w4a16_split_k.py)
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
@@ -217,11 +218,13 @@ for step in "$@"; do
     done ;;
   window-host)
     for r in ${WH_ROUNDS:-a b}; do
-      run_step w2-wh-default-$r 200 $TP $W2 --output-json "$(name w2-window-host-cover "" _$r)"
-      run_step w2-wh-off-$r 200 $TP $W2 --window-host-cover 0 --output-json "$(name w2-window-host-cover-off "" _$r)"
+      run_step w2-wh-on-$r 200 $TP $W2 --window-host-cover 1.25 --output-json "$(name w2-window-host-cover "" _$r)"
+      run_step w2-wh-off-$r 200 $TP $W2 --output-json "$(name w2-window-host-cover-off "" _$r)"
     done
-    run_step late-requests 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
-      --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --output-json "$(name late-requests)" ;;
+    run_step late-requests-wh 200 $PY benchmarks/late_requests.py --load-format dummy --dtype bfloat16 $W2 \
+      --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --window-host-cover 1.25 \
+      --output-json "$(name late-requests-window-host-cover)" ;;
+  w4a16-split-k) run_step w4a16-split-k 300 $PY benchmarks/w4a16_split_k.py --output-json "$(name w4a16-split-k)" ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
       for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do

@@ -47,12 +47,14 @@ STEP_TIME_SMOOTHING = 0.2  # weight of the newest decode-step time in its moving
 # it more. On the H200, W2 alternating device and wall clocks: 58,109 / 65,974 against 65,721 / 57,702 output tok/s
 # (w2-window-clock-*_h200_2026-12-06_*.json; the slow run of each arm host-bound, the wall clock's with 2-step windows).
 WINDOW_CLOCK = "device"
-# Where the device times its launches (CUDA, WINDOW_CLOCK "device"), a window also lasts at least HOST_COVER times the
-# host's own time per decode-only iteration at that window length (processing a window's tokens, scheduling and
-# launching the next, the caller's work on the outputs), up to the longest window: while a window's device time is
-# shorter than that, the device waits for the host between windows. 0 turns it off (a benchmark knob). The window is
-# then longer than the latency target only while the host, not the window, is what a new request waits for.
-HOST_COVER = 1.25
+# With HOST_COVER > 0, where the device times its launches (CUDA, WINDOW_CLOCK "device"), a window also lasts at least
+# HOST_COVER times the host's own time per decode-only iteration at that window length (processing a window's tokens,
+# scheduling and launching the next, the caller's work on the outputs), up to the longest window: while a window's
+# device time is shorter than that, the device waits for the host between windows. Off by default (a benchmark knob,
+# --window-host-cover): on one H100, W2 with it at 1.25 gave 59,447 / 57,768 output tok/s against 59,515 / 59,846
+# without (alternating; 59,856 and 61,682 in two more runs with it), with windows of 8 steps instead of 4 in most of
+# the run and late requests waiting longer (w2-window-host-cover*_h100_2026-12-07_*.json).
+HOST_COVER = 0.0
 HOST_SAMPLES = 5  # the host's time at a window length: the median of its last HOST_SAMPLES iterations (outliers aside)
 PROBE_EVERY = 16  # windows lengthened for the host: every PROBE_EVERY-th runs one length shorter, to re-measure it
 

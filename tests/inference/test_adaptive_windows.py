@@ -26,6 +26,7 @@ def test_a_window_lasts_long_enough_on_the_device_to_cover_the_host(monkeypatch)
     """At 2 ms a step, 12 ms give 4-step windows. A host taking 7 ms per iteration at that length would leave the
     device idle between 8 ms windows: the window doubles to 8 steps (the bound), never past it; a host that keeps up
     at 4 steps keeps 4, whatever it takes at 8."""
+    monkeypatch.setattr(decode_windows, "HOST_COVER", 1.25)  # the benchmark knob's value; off by default
     assert adaptive_window(0.002, 8, target_s=0.012) == 4
     assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.007}) == 8  # 1.25 x 7 ms > 8 ms
     assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.005, 8: 0.009}) == 4  # 4 steps cover 6.25 ms
@@ -33,7 +34,7 @@ def test_a_window_lasts_long_enough_on_the_device_to_cover_the_host(monkeypatch)
     assert adaptive_window(0.002, 6, target_s=0.012, host_seconds={4: 0.007}) == 6
     assert adaptive_window(0.020, 8, target_s=0.012, host_seconds={1: 0.030, 2: 0.031}) == 2  # 2 x 20 ms cover 38.75
     assert adaptive_window(0.020, 8, target_s=0.012, host_seconds={1: 0.030, 2: 0.040}) == 4
-    monkeypatch.setattr(decode_windows, "HOST_COVER", 0)
+    monkeypatch.setattr(decode_windows, "HOST_COVER", 0.0)
     assert adaptive_window(0.002, 8, target_s=0.012, host_seconds={4: 0.007}) == 4
 
 
@@ -41,6 +42,7 @@ def test_the_host_time_is_measured_between_decode_launches_where_the_device_time
     """The host's time per iteration is from one launch's tokens coming back to the wait for the next's, by the
     length of the window it processed; an outlier does not move the median, an idle engine counts nothing."""
     monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 0.008)  # 4 steps of 2 ms
+    monkeypatch.setattr(decode_windows, "HOST_COVER", 1.25)
     four, eight = (SimpleNamespace(is_decode_only=True, num_steps=n) for n in (4, 8))
     clock = DecodeStepClock()
     clock.observe(four, finished=1.000, device_seconds=0.008, waited=0.999)
@@ -69,6 +71,7 @@ def test_the_host_time_is_measured_between_decode_launches_where_the_device_time
 def test_windows_lengthened_for_the_host_come_back_when_it_keeps_up(monkeypatch):
     """A slow spell makes 8-step windows; every PROBE_EVERY-th is 4 steps, which re-measures the host there: once it
     keeps up at 4 steps again, windows are back at the latency target."""
+    monkeypatch.setattr(decode_windows, "HOST_COVER", 1.25)  # the benchmark knob's value; off by default
     monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 0.008)
     clock, now, chosen = DecodeStepClock(), 0.0, []
     length = 4
@@ -86,13 +89,14 @@ def test_windows_lengthened_for_the_host_come_back_when_it_keeps_up(monkeypatch)
 
 def test_the_engine_lengthens_windows_for_a_host_slower_than_the_device(monkeypatch, test_prompts):
     """Wiring: with launches timed at 0.1 ms on the device and a target shorter than a step, windows are single
-    steps, unless the host (here the CPU computing the steps) takes longer than they do on the device."""
+    steps, unless HOST_COVER is on and the host (here the CPU computing the steps) takes longer than they do on the
+    device."""
     from inference.runner import step_handle
     monkeypatch.setattr(arg_utils, "AUTO_WINDOW_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(decode_windows, "WINDOW_TARGET_S", 1e-6)
     monkeypatch.setattr(step_handle.DeviceTimed, "device_seconds", property(lambda self: 1e-4))
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    for cover, expected in ((1.25, AUTO_MAX_WINDOW), (0, 1)):
+    for cover, expected in ((1.25, AUTO_MAX_WINDOW), (0.0, 1)):
         monkeypatch.setattr(decode_windows, "HOST_COVER", cover)
         with LLM(max_model_len=256, kv_cache_space=0.1) as llm:
             llm.generate(test_prompts[:2], params, use_tqdm=False)
