@@ -212,9 +212,10 @@ class DecodeStepClock:
     def choose_window(self, max_window: int) -> int:
         """The next window's length (:func:`adaptive_window` at the measured step and host times); every
         :data:`PROBE_EVERY`-th window lengthened for the host is one length shorter, which re-measures the host there."""
-        host = self.host_seconds if WINDOW_CLOCK == "device" else None
-        length = adaptive_window(self.step_seconds, max_window, host_seconds=host)
         target = adaptive_window(self.step_seconds, max_window)
+        if HOST_COVER <= 0 or WINDOW_CLOCK != "device" or not self._host:  # the wall clock holds the host's time
+            return target
+        length = adaptive_window(self.step_seconds, max_window, host_seconds=self.host_seconds)
         if length > target:
             self._lengthened += 1
             if self._lengthened % PROBE_EVERY == 0:
@@ -230,8 +231,8 @@ class DecodeStepClock:
             self._last_finish = None
             return None
         self.window_steps[out.num_steps] += 1
-        (last, self._last_finish), (last_steps, self._last_steps) = (self._last_finish, finished), \
-            (self._last_steps, out.num_steps)
+        last, last_steps = self._last_finish, self._last_steps
+        self._last_finish, self._last_steps = finished, out.num_steps
         if device_seconds is not None and last is not None and waited is not None:
             times = self._host.setdefault(last_steps, collections.deque(maxlen=HOST_SAMPLES))
             times.append(max(waited - last, 0.0))
