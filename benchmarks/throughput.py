@@ -137,7 +137,8 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
                    "window_steps": {str(k): v for k, v in sorted(engine.window_steps.items())},
                    "decode_step_ms": 1e3 * (engine.decode_step_seconds or 0),
                    "host_ms_per_decode_iteration": {str(k): 1e3 * v for k, v in
-                                                    sorted(engine.decode_clock.host_seconds.items())}, "output_kind": kind.name.lower(),
+                                                    sorted(engine.decode_clock.host_seconds.items())},
+                   "output_kind": kind.name.lower(),
                    "weights_bytes": engine.runner.weights_bytes,
                    "kv_bytes_per_token": engine.runner.bytes_per_block // engine.config.cache.block_size,
                    "kv_cache_dtype": engine.config.cache.cache_dtype, "num_gpu_blocks": engine.runner.num_blocks,

@@ -1,5 +1,5 @@
 """The W4A16 decode kernel's K split: gate_up and down of the Qwen2.5-7B shape at 1, 16 and 64 rows, each split from 1
-to 16 against ``decode_config``'s choice and bf16 cuBLAS, timed as CUDA graphs of 20 calls (best of 5 replays, us a
+to 16 against ``decode_config``'s choice and bf16 cuBLAS, timed as CUDA graphs of 20 calls (median of 5 timings, us a
 call). Needs a GPU.
 
     python benchmarks/w4a16_split_k.py --output-json benchmarks/results/w4a16-split-k_h100_2026-12-07.json
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 
 from provenance import current_commit  # noqa: E402
+from quant_kernels import _graph_ms  # noqa: E402
 from w4a16_sweep import _int4_layer  # noqa: E402
 
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
@@ -27,25 +28,8 @@ SPLITS = (1, 2, 3, 4, 6, 8, 16)
 
 
 def graph_us(fn, reps: int = 20) -> float:
-    """Microseconds a call of ``fn``: a CUDA graph of ``reps`` calls, best of 5 replays."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / reps * 1e3)
-    return best
+    """Microseconds a call of ``fn``: ``reps`` calls replayed from one CUDA graph (quant_kernels' timing)."""
+    return 1e3 * _graph_ms([fn] * reps)
 
 
 def main() -> None:
