@@ -25,6 +25,9 @@ def add_engine_knob_args(parser: argparse.ArgumentParser) -> None:
                              "per iteration (decode_windows.HOST_COVER; default 0: off; a benchmark knob)")
     parser.add_argument("--blas-library", choices=["cublas", "cublaslt"], default=None,
                         help="torch.backends.cuda.preferred_blas_library for the dense layers (a benchmark knob)")
+    parser.add_argument("--no-blas-choice", action="store_true",
+                        help="keep every dense GEMM on cuBLAS instead of timing cuBLASLt against it per layer shape and "
+                             "captured row count at start-up (models/blas_choice.py; a benchmark knob)")
     parser.add_argument("--no-window-graphs", action="store_true",
                         help="multi-step windows step by step, not as one CUDA graph (runner/window_graph.py)")
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
@@ -46,6 +49,9 @@ def apply_engine_knobs(args) -> None:
         decode_windows.HOST_COVER = args.window_host_cover
     if args.blas_library is not None:
         torch.backends.cuda.preferred_blas_library(args.blas_library)
+    if args.no_blas_choice:
+        from inference.models import blas_choice
+        blas_choice.ENABLED = False
     if args.no_window_graphs:
         from inference.runner import window_graph
         window_graph.ENABLED = False

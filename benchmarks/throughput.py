@@ -126,11 +126,12 @@ def run_tessera(args, prompts, outputs, num_scheduler_steps: int | None = None) 
                        getattr(args, "step_trace", False), loras)
     result["repeats"] = [timed_run(engine, prompts, outputs, params, False, f"r{r}-", loras=loras)["output_tokens_per_s"]
                          for r in range(1, getattr(args, "repeat", 1))]
-    windows = engine.runner.window_graphs
+    windows, blas = engine.runner.window_graphs, engine.runner.blas_choice
     result.update({"engine_build_s": build_s, "window_graphs": windows is not None,
                    "window_graph_lengths": windows.lengths if windows is not None else [],
                    "window_clock": decode_windows.WINDOW_CLOCK, "window_host_cover": decode_windows.HOST_COVER,
                    "blas_library": str(torch.backends.cuda.preferred_blas_library()) if torch.cuda.is_available() else None,
+                   "blas_choice_lt_rows": blas.lt_rows if blas else None, "blas_choice_saving": blas.saving if blas else None,
                    "piecewise_graphs": getattr(engine.runner, "piecewise_graphs", None) is not None,
                    "graph_memory_GiB": engine.runner.graph_memory_bytes / 2**30,
                    "num_scheduler_steps": num_scheduler_steps or "auto",

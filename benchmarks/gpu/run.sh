@@ -45,6 +45,9 @@
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
+#   blas-choice      W3 and W2 at default flags (each dense layer's captured GEMMs through cuBLAS or cuBLASLt, as timed at
+#                    start-up) and with every GEMM on cuBLAS (--no-blas-choice), alternating, rounds BC_ROUNDS (default
+#                    "a b"), workloads BC_WORKLOADS (default "w3 w2")
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -165,7 +168,8 @@ for step in "$@"; do
       tests/inference/test_triton_kernels.py tests/inference/test_triton_argmax.py tests/inference/test_window_graph.py \
       tests/inference/test_triton_fp8.py tests/inference/test_triton_fp8_gemm.py tests/inference/test_triton_w4a16.py \
       tests/inference/test_quantization_formats.py tests/inference/test_triton_backend_engine.py \
-      tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py tests/inference/test_piecewise_graph.py
+      tests/inference/test_triton_bitmask.py tests/inference/test_triton_fp8_kv.py tests/inference/test_piecewise_graph.py \
+      tests/inference/test_blas_choice.py
     cp "$OUT/gpu-tests.log" "$OUT/gpu-tests_${GPU}_${DATE}.log" ;;
   lora-tests)
     $PY -m pip install -q --no-index --no-deps --target /tmp/site-test .gpuserve/whl-test/*.whl
@@ -231,6 +235,14 @@ for step in "$@"; do
         case $w in w1) flags=$W1 ;; w2) flags=$W2 ;; *) flags=$W3 ;; esac
         run_step $w-cublas-$r 300 $TP $flags --blas-library cublas --output-json "$(name $w-cublas "" _$r)"
         run_step $w-cublaslt-$r 300 $TP $flags --blas-library cublaslt --output-json "$(name $w-cublaslt "" _$r)"
+      done
+    done ;;
+  blas-choice)
+    for r in ${BC_ROUNDS:-a b}; do
+      for w in ${BC_WORKLOADS:-w3 w2}; do
+        case $w in w1) flags=$W1 ;; w2) flags=$W2 ;; *) flags=$W3 ;; esac
+        run_step $w-bc-on-$r 300 $TP $flags --output-json "$(name $w-blas-choice "" _$r)"
+        run_step $w-bc-off-$r 300 $TP $flags --no-blas-choice --output-json "$(name $w-blas-choice-off "" _$r)"
       done
     done ;;
   window-lengths)

@@ -161,6 +161,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.model = DecoderModel(config, arch, max_position, tp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.kv_scales_from_checkpoint = False  # load_weights found an FP8 KV cache's scales
+        self.lm_head_lt_rows: frozenset[int] = frozenset()  # the LM head's cuBLASLt row counts (blas_choice)
         if not self.tie_word_embeddings:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
 
@@ -184,7 +185,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         return hidden, self.model.rotary_emb.at(positions, hidden.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        return parallel_logits(hidden, self.lm_head_weight, self.config.vocab_size, self.tp)
+        return parallel_logits(hidden, self.lm_head_weight, self.config.vocab_size, self.tp, self.lm_head_lt_rows)
 
     def load_weights(self, weights) -> set[str]:
         """Copy Hugging Face named tensors into this model (fusing Q/K/V and gate/up; each

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..distributed.partition import LinearPartition, head_partition, split_range
 from ..distributed.process_group import TensorParallelGroup
+from .blas_choice import lt_linear
 
 SINGLE_RANK = TensorParallelGroup()
 
@@ -29,13 +30,24 @@ SINGLE_RANK = TensorParallelGroup()
 CPU_WEIGHT_LEFT_MAX_ROWS = 128
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+NO_ROWS: frozenset[int] = frozenset()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           lt_rows: frozenset[int] = NO_ROWS) -> torch.Tensor:
     """``x [T, in] @ weight[out, in]^T + bias [out]`` -> contiguous ``[T, out]``, in the operands' dtype (the
-    product of :func:`torch.nn.functional.linear`, on a CPU in the faster operand order for few rows)."""
+    product of :func:`torch.nn.functional.linear`, on a CPU in the faster operand order for few rows).
+
+    Args:
+        lt_rows: row counts ``T`` at which a CUDA graph being captured takes cuBLASLt instead of cuBLAS (the
+            layer's choice, timed at start-up by :func:`.blas_choice.choose`); empty on CPU and for eager engines.
+    """
     if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
             and 2 <= x.shape[0] <= CPU_WEIGHT_LEFT_MAX_ROWS):
         out = torch.mm(weight, x.t()) if bias is None else torch.addmm(bias[:, None], weight, x.t())
         return out.t().contiguous()
+    if lt_rows and x.shape[0] in lt_rows and torch.cuda.is_current_stream_capturing():
+        return lt_linear(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
@@ -55,6 +67,7 @@ class ColumnParallelLinear(nn.Linear):
     """
 
     takes_fp8_activations = False  # see QuantizedLinear.takes_fp8_activations
+    lt_rows = NO_ROWS  # row counts whose captured GEMM takes cuBLASLt (blas_choice.choose)
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
                  out_ranges: list[tuple[int, int]] | None = None) -> None:
@@ -64,7 +77,7 @@ class ColumnParallelLinear(nn.Linear):
         self.full_out_features = out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.lt_rows)
 
     def full_shape(self, param_name: str) -> tuple[int, ...]:
         """Shape of the unsplit parameter (what ``load_weight`` takes)."""
@@ -153,6 +166,7 @@ class RowParallelLinear(nn.Linear):
     """
 
     takes_fp8_activations = False  # see QuantizedLinear.takes_fp8_activations
+    lt_rows = NO_ROWS  # row counts whose captured GEMM takes cuBLASLt (blas_choice.choose)
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup = SINGLE_RANK,
                  in_range: tuple[int, int] | None = None) -> None:
@@ -171,8 +185,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:
-            return linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(linear(x, self.weight))
+            return linear(x, self.weight, self.bias, self.lt_rows)
+        out = self.tp.all_reduce(linear(x, self.weight, None, self.lt_rows))
         return out if self.bias is None else out + self.bias
 
     def load_weight(self, param_name: str, full: torch.Tensor) -> None:
@@ -228,18 +242,19 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
-                    tp: TensorParallelGroup) -> torch.Tensor | None:
+                    tp: TensorParallelGroup, lt_rows: frozenset[int] = NO_ROWS) -> torch.Tensor | None:
     """Logits of a vocabulary-parallel LM head (an untied ``ParallelLMHead``'s weight, or the
     ``VocabParallelEmbedding``'s when the model ties them).
 
     Args:
         hidden: ``[N, H]`` in the model dtype; weight: this rank's ``[vocab_padded / tp, H]``.
+        lt_rows: see :func:`linear`.
     Returns:
         ``[N, vocab_size]`` in the model dtype on rank 0 (each rank computes its part, rank 0 gathers
         them); None on the other ranks. The sampler takes float32 where it computes on the values
         (a greedy argmax does not need the copy: 0.1 ms a step for 256 rows of a 152k vocabulary).
     """
-    gathered = tp.gather_last_dim(linear(hidden, weight))
+    gathered = tp.gather_last_dim(linear(hidden, weight, None, lt_rows))
     if gathered is None:
         return None
     return gathered[:, :vocab_size]

@@ -19,7 +19,7 @@ from ..distributed.partition import head_partition
 from ..distributed.process_group import TensorParallelGroup
 from ..lora.checkpoint import LoRAAdapter
 from ..model_loader import iter_weights
-from ..models import build_model
+from ..models import blas_choice, build_model
 from ..models.parallel_layers import SINGLE_RANK
 from ..quantization import held_dequantized_bytes
 from ..sampling import Sampler, SamplingMetadata, compute_topk_logprobs
@@ -113,6 +113,7 @@ class ModelRunner:
         self._max_seq_len = -(-config.max_model_len // self.block_size) * self.block_size
         self.kv_scales = self._kv_scales(config)  # before the graphs capture them
         self.graph_memory_bytes = 0  # device memory the captured graphs took (their pools), measured at capture
+        self.blas_choice: blas_choice.BlasChoice | None = None  # cuBLAS or cuBLASLt per dense GEMM in the graphs
         if self.device.startswith("cuda") and not config.enforce_eager and self.attention_backend == "triton":
             self._capture_graphs(config, tp)
         self._log_memory()
@@ -153,11 +154,16 @@ class ModelRunner:
         """Capture the decode-step graphs (and, with ``num_scheduler_steps > 1`` on one rank, the window
         graphs; on one rank, the piecewise graphs of steps that compute prompt tokens); log how
         long that took and the device memory it took, as vLLM does."""
+        from . import piecewise_graph, window_graph  # noqa: PLC0415
+        from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
+        piecewise = tp.world_size == 1 and piecewise_graph.ENABLED
+        token_sizes = piecewise_graph.piecewise_token_sizes(config.scheduler.max_num_batched_tokens) if piecewise else []
+        self.blas_choice = choice = blas_choice.choose(self.model, self._graph_sizes + token_sizes)
+        torch.cuda.empty_cache()  # the timing graphs' memory, before the graphs' own is measured
+        logger.info("Dense GEMMs in the CUDA graphs: %s", choice.describe())
         started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         if self.lora is not None:  # the graphs launch the LoRA kernels in every step, with adapters or not
             self.lora.batch.static = True
-        from . import piecewise_graph, window_graph  # noqa: PLC0415
-        from .cuda_graph import CudaGraphRunner  # noqa: PLC0415
         max_blocks = -(-config.max_model_len // self.block_size)
         self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, config.scheduler.max_num_seqs,
                                             max_blocks, self.block_size, self.num_kv_heads, self.device)
@@ -167,10 +173,9 @@ class ModelRunner:
             self.window_graphs = window_graph.DecodeWindowGraphs(
                 self.graph_runner, self.model.compute_logits, lengths[-1:] if window_graph.LONGEST_ONLY else lengths)
             self.window_graphs.capture()
-        if tp.world_size == 1 and piecewise_graph.ENABLED:
+        if piecewise:
             self.piecewise_graphs = piecewise_graph.PiecewiseGraphRunner(
-                self.model, self.kv_caches, piecewise_graph.piecewise_token_sizes(
-                    config.scheduler.max_num_batched_tokens), self.block_size, self.attention_backend)
+                self.model, self.kv_caches, token_sizes, self.block_size, self.attention_backend)
             self.piecewise_graphs.capture()
         self.graph_memory_bytes = max(free_before - torch.cuda.mem_get_info(self.device)[0], 0)
         windows = f", windows of {self.window_graphs.lengths} steps" if self.window_graphs else ""
