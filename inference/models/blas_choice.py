@@ -16,7 +16,6 @@ keep cuBLAS. float32 weights keep cuBLAS (the float32 checks against transformer
 """
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -24,8 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-logger = logging.getLogger(__name__)
 
 ENABLED = True  # a benchmark knob (--no-blas-choice): keep every GEMM on cuBLAS
 MARGIN = 0.97  # cuBLASLt must take at most this fraction of cuBLAS's time: a tie stays on the default
@@ -112,6 +109,7 @@ class BlasChoice:
     cublas_seconds: float = 0.0
     chosen_seconds: float = 0.0
     seconds_taken: float = 0.0
+    error: str | None = None  # why cuBLASLt could not be timed (every layer then keeps cuBLAS)
 
     @property
     def saving(self) -> float:
@@ -119,6 +117,8 @@ class BlasChoice:
         return 1 - self.chosen_seconds / self.cublas_seconds if self.cublas_seconds else 0.0
 
     def describe(self) -> str:
+        if self.error:
+            return f"cuBLAS for every dense GEMM (cuBLASLt could not be timed: {self.error})"
         chosen = {name: rows for name, rows in self.lt_rows.items() if rows}
         if not chosen:
             return f"cuBLAS for every dense GEMM (timed against cuBLASLt in {self.seconds_taken:.1f} s)"
@@ -138,7 +138,8 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
         timer: ``timer(run, pool) -> replay`` returning one replay's device seconds (:func:`graph_seconds`;
             tests pass a fake).
     Returns:
-        The decision and its timings, for the start-up log.
+        The decision and its timings, for the start-up log. Where cuBLASLt cannot run (a torch built without
+        it, a capture that fails), every layer keeps cuBLAS and ``error`` says why: start-up goes on.
     """
     started = time.perf_counter()
     result = BlasChoice()
@@ -147,38 +148,49 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
         return result
     pool = torch.cuda.graph_pool_handle() if timer is graph_seconds else None
     counts = sorted(set(row_counts))
-    with torch.inference_mode():
-        for kind in kinds:
-            lt = set()
-            for rows in counts:
-                first = kind.weights[0]
-                x = torch.zeros(rows, first.shape[1], dtype=first.dtype, device=first.device).normal_(0, 1)
-
-                def run_all(use_lt: bool, kind=kind, x=x) -> None:
-                    call = lt_linear if use_lt else F.linear
-                    for weight, bias in zip(kind.weights, kind.biases):
-                        call(x, weight, bias)
-
-                cublas = timer(lambda: run_all(False), pool)
-                cublaslt = timer(lambda: run_all(True), pool)
-                times_cublas, times_lt = [], []
-                for _ in range(ROUNDS):  # alternating: clocks and neighbours drift alike for both
-                    times_cublas.append(cublas())
-                    times_lt.append(cublaslt())
-                t_cublas, t_lt = statistics.median(times_cublas), statistics.median(times_lt)
-                del cublas, cublaslt
-                use_lt = t_lt <= MARGIN * t_cublas
-                if use_lt:
-                    lt.add(rows)
-                result.cublas_seconds += t_cublas
-                result.chosen_seconds += t_lt if use_lt else t_cublas
-            for owner, attribute in kind.owners:
-                setattr(owner, attribute, frozenset(lt))
-            result.lt_rows[kind.name] = sorted(lt)
-    if timer is graph_seconds:
-        torch.cuda.synchronize()
+    chosen: list[tuple[GemmKind, frozenset[int]]] = []
+    try:
+        with torch.inference_mode():
+            for kind in kinds:
+                lt = set()
+                for rows in counts:
+                    t_cublas, t_lt = _time_both(kind, rows, timer, pool)
+                    use_lt = t_lt <= MARGIN * t_cublas
+                    if use_lt:
+                        lt.add(rows)
+                    result.cublas_seconds += t_cublas
+                    result.chosen_seconds += t_lt if use_lt else t_cublas
+                chosen.append((kind, frozenset(lt)))
+                result.lt_rows[kind.name] = sorted(lt)
+        if timer is graph_seconds:
+            torch.cuda.synchronize()
+    except RuntimeError as exc:  # every layer stays on cuBLAS, as before this module existed
+        result = BlasChoice(error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        chosen = []
+    for kind, lt in chosen:  # all or nothing
+        for owner, attribute in kind.owners:
+            setattr(owner, attribute, lt)
     result.seconds_taken = time.perf_counter() - started
     return result
+
+
+def _time_both(kind: GemmKind, rows: int, timer, pool) -> tuple[float, float]:
+    """Median device seconds of ``kind``'s GEMMs at ``rows`` rows through cuBLAS and through cuBLASLt."""
+    first = kind.weights[0]
+    x = torch.zeros(rows, first.shape[1], dtype=first.dtype, device=first.device).normal_(0, 1)
+
+    def run_all(use_lt: bool) -> None:
+        call = lt_linear if use_lt else F.linear
+        for weight, bias in zip(kind.weights, kind.biases):
+            call(x, weight, bias)
+
+    cublas = timer(lambda: run_all(False), pool)
+    cublaslt = timer(lambda: run_all(True), pool)
+    times_cublas, times_lt = [], []
+    for _ in range(ROUNDS):  # alternating: clocks and neighbours drift alike for both
+        times_cublas.append(cublas())
+        times_lt.append(cublaslt())
+    return statistics.median(times_cublas), statistics.median(times_lt)
 
 
 def _ranges(rows: list[int]) -> str:

@@ -160,7 +160,7 @@ class ModelRunner:
         token_sizes = piecewise_graph.piecewise_token_sizes(config.scheduler.max_num_batched_tokens) if piecewise else []
         self.blas_choice = choice = blas_choice.choose(self.model, self._graph_sizes + token_sizes)
         torch.cuda.empty_cache()  # the timing graphs' memory, before the graphs' own is measured
-        logger.info("Dense GEMMs in the CUDA graphs: %s", choice.describe())
+        (logger.warning if choice.error else logger.info)("Dense GEMMs in the CUDA graphs: %s", choice.describe())
         started, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         if self.lora is not None:  # the graphs launch the LoRA kernels in every step, with adapters or not
             self.lora.batch.static = True

@@ -106,6 +106,24 @@ def test_float32_layers_and_the_knob_keep_cublas(tiny_qwen2, monkeypatch):
     assert model.model.layers[0].mlp.gate_up_proj.lt_rows == frozenset()
 
 
+def test_where_cublaslt_cannot_run_every_layer_keeps_cublas(tiny_qwen2, blas_preference):
+    model = _model(tiny_qwen2, torch.bfloat16)
+    shapes = _shapes(model)
+
+    def timer(run, pool):  # cuBLASLt twice as fast, but the LM head (timed last) fails, as a capture might
+        spy = FakeTimer(shapes, lambda name, rows, lt: 0.5 if lt else 1.0)
+        replay = spy(run, pool)
+        if spy.runs[0][0][0] == "lm_head":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
+        return replay
+
+    choice = blas_choice.choose(model, [1, 8], timer=timer)
+    assert choice.error == "CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul"
+    assert "cuBLAS for every dense GEMM" in choice.describe() and choice.lt_rows == {}
+    assert model.model.layers[0].mlp.gate_up_proj.lt_rows == frozenset()  # earlier kinds timed faster: not kept
+    assert model.lm_head_lt_rows == frozenset()
+
+
 @pytest.mark.parametrize("capturing", [False, True])
 def test_linear_takes_cublaslt_only_for_chosen_row_counts_of_a_captured_graph(monkeypatch, blas_preference, capturing):
     backends = []
