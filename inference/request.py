@@ -26,10 +26,12 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        return self in FINISHED_STATUSES
 
 
-_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+# A tuple, not a set: ``in`` compares by identity first, where a set would call the enum's Python-level __hash__.
+# Hot loops test ``request.status in FINISHED_STATUSES`` instead of the ``is_finished`` property.
+FINISHED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
 
 
 class Request:
@@ -55,6 +57,9 @@ class Request:
         grammar: its place in the grammar its output must match (structured output), or None.
         lora_adapter: the LoRA adapter it runs with, or None (the base model); its ``key`` is one more key
             of the block hashes, so requests of different adapters never share blocks.
+        sampling_step_invariant: its sampling settings read no earlier token (no logprobs, no penalties),
+            one of the conditions of multi-step windows (:mod:`inference.sched.decode_windows`), computed
+            once from ``sampling_params`` (not changed after the request is made).
     """
 
     def __init__(self, request_id: str, parent_id: str, index: int, prompt_token_ids: list[int],
@@ -86,6 +91,9 @@ class Request:
         self.generator: torch.Generator | None = None
         self.grammar: GrammarState | None = None
         self.lora_adapter = lora_adapter
+        self.sampling_step_invariant = (sampling_params.logprobs is None and not sampling_params.presence_penalty
+                                        and not sampling_params.frequency_penalty
+                                        and sampling_params.repetition_penalty == 1.0)
         if sampling_params.seed is not None:
             self.generator = torch.Generator()
             # One stream per sample, from the request's seed (any int in SamplingParams.SEED_RANGE).
@@ -118,7 +126,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status in _FINISHED  # not status.finished: one property less on the hot path
+        return self.status in FINISHED_STATUSES  # not status.finished: one property less on the hot path
 
     @property
     def finish_reason(self) -> str | None:

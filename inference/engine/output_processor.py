@@ -15,7 +15,7 @@ import torch
 
 from ..detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, Logprob, RequestOutput
-from ..request import Request, RequestStatus
+from ..request import FINISHED_STATUSES, Request, RequestStatus
 from ..sampling_params import RequestOutputKind
 from ..sched.scheduler_output import PromptLogprobs, SampledTokens, SchedulerUpdate
 
@@ -177,11 +177,18 @@ class OutputProcessor:
             parent = parents.get(req.parent_id)
             if parent is None:  # aborted meanwhile
                 continue
-            status = self._detokenize(parent.states[req.request_id], record)
-            if status is not None:
-                if not req.is_finished:  # a stop string: the token ids alone did not finish it
-                    stopped.append(req.request_id)
-                parent.finished_children.add(req.request_id)
+            state = parent.states[req.request_id]
+            if state.defer_text and record.status is None and record.logprobs is None:
+                # _detokenize of a deferring state's running request, inlined (the hot path of FINAL_ONLY
+                # outputs): its token ids are held back from the detokenizer, no text yet
+                state.held.extend(record.token_ids)
+                state.pending.token_ids.extend(record.token_ids)
+            else:
+                status = self._detokenize(state, record)
+                if status is not None:
+                    if req.status not in FINISHED_STATUSES:  # a stop string: the token ids alone did not finish it
+                        stopped.append(req.request_id)
+                    parent.finished_children.add(req.request_id)
             if not parent.final_only or len(parent.finished_children) == len(parent.children):
                 touched[parent.request_id] = parent
         return ProcessedOutputs([self._collect(parent) for parent in touched.values()], stopped, self._num_dropped)

@@ -133,6 +133,18 @@ class KVCacheManager:
             self.pool.cache_block(request.block_ids[index], request.block_hashes[index])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def cache_blocks_of(self, requests: list[Request]) -> None:
+        """:meth:`cache_blocks` of each request (up to its ``num_computed_tokens``), in order. The check that
+        no new block is full is made here without a call: in a decode step or window most requests complete
+        no block (the scheduler's hot path)."""
+        if not self.enable_prefix_caching:
+            return
+        block_size, num_cached = self.block_size, self._num_cached_blocks
+        for request in requests:
+            computed, num_tokens = request.num_computed_tokens, len(request.all_token_ids)
+            if (computed if computed < num_tokens else num_tokens) // block_size > num_cached.get(request.request_id, 0):
+                self.cache_blocks(request)
+
     def hash_prompt(self, request: Request) -> int:
         """Compute the block hashes :meth:`get_computed_blocks` looks up for a waiting request (also ahead of its
         admission, while the device runs a step); returns how many blocks may hit: 0 when caching is off, the
@@ -177,6 +189,31 @@ class KVCacheManager:
             self._copy_on_write(request, shared)
         if needed:
             request.block_ids.extend(self.pool.allocate(needed))
+        return True
+
+    def allocate_window_slots(self, requests: list[Request], num_new_tokens: int) -> bool:
+        """``allocate_slots(request, num_new_tokens)`` for every request, or for none when the pool has fewer
+        free blocks than they need together (:meth:`blocks_needed`; a multi-step window, all or nothing).
+        Returns whether they were allocated. A request whose next block to write it alone holds (the common
+        case) is grown here without a call."""
+        block_size, ref_cnt = self.block_size, self.pool.ref_cnt
+        needed = 0
+        for request in requests:  # sum(blocks_needed(request, num_new_tokens)), inlined
+            missing = -(-(request.num_computed_tokens + num_new_tokens) // block_size) - len(request.block_ids)
+            if missing > 0:
+                needed += missing
+        if needed > self.pool.num_free_blocks:
+            return False
+        for request in requests:
+            position, block_ids = request.num_computed_tokens, request.block_ids
+            index = position // block_size
+            if index < len(block_ids) and ref_cnt[block_ids[index]] > 1:  # shared: copy on write, the full path
+                if not self.allocate_slots(request, num_new_tokens):  # cannot fail: the blocks were counted above
+                    raise AssertionError("KV pool changed while reserving a multi-step window")
+                continue
+            missing = -(-(position + num_new_tokens) // block_size) - len(block_ids)
+            if missing > 0:
+                block_ids.extend(self.pool.allocate(missing))
         return True
 
     def allocate_decode_slots(self, requests: list[Request]) -> bool:

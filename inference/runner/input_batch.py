@@ -122,11 +122,11 @@ def _decode_ahead_batch(out: SchedulerOutput, block_size: int) -> HostBatch:
     per request, each sampled, no forks, no prompt logprobs (every request has sampled already),
     so every array but the block tables and the contexts is an ``arange``."""
     num_reqs = len(out.scheduled)
-    tables = [item.request.block_ids for item in out.scheduled]
-    contexts = np.fromiter((item.request.num_computed_tokens for item in out.scheduled), dtype=np.int64,
-                           count=num_reqs)
-    block_of_token = np.fromiter((table[ctx // block_size] for table, ctx in zip(tables, contexts.tolist())),
-                                 dtype=np.int64, count=num_reqs)
+    requests = [item.request for item in out.scheduled]  # list comprehensions: cheaper than fromiter(generator)
+    tables = [request.block_ids for request in requests]
+    context_list = [request.num_computed_tokens for request in requests]
+    contexts = np.array(context_list, dtype=np.int64)
+    block_of_token = np.array([table[ctx // block_size] for table, ctx in zip(tables, context_list)], dtype=np.int64)
     slots = block_of_token * block_size + contexts % block_size
     rows = np.arange(num_reqs, dtype=np.int64)
     return HostBatch(np.zeros(num_reqs, dtype=np.int64), contexts, slots, np.arange(num_reqs + 1, dtype=np.int32),
@@ -157,17 +157,22 @@ def device_inputs(host: HostBatch, block_size: int, device: str, backend: str = 
 
 
 def _torch_metadata_arrays(host: HostBatch):
-    decode_rows, decode_tables, decode_lens, prefill_spans, prefill_tables = [], [], [], [], []
+    prefill_spans, prefill_tables = [], []
     starts = host.starts.tolist()
-    for i, (table, ctx) in enumerate(zip(host.tables, host.contexts.tolist())):
-        start, end = starts[i], starts[i + 1]
-        if end - start == 1:
-            decode_rows.append(start)
-            decode_tables.append(table)
-            decode_lens.append(ctx + 1)
-        else:
-            prefill_spans.append((start, end, ctx))
-            prefill_tables.append(np.asarray(table, dtype=np.int64))
+    if starts[-1] == len(host.tables):  # one token per request: every row decodes (the hot path), no loop
+        decode_rows, decode_tables = list(range(len(host.tables))), host.tables
+        decode_lens = (host.contexts.astype(np.int64) + 1).tolist()
+    else:
+        decode_rows, decode_tables, decode_lens = [], [], []
+        for i, (table, ctx) in enumerate(zip(host.tables, host.contexts.tolist())):
+            start, end = starts[i], starts[i + 1]
+            if end - start == 1:
+                decode_rows.append(start)
+                decode_tables.append(table)
+                decode_lens.append(ctx + 1)
+            else:
+                prefill_spans.append((start, end, ctx))
+                prefill_tables.append(np.asarray(table, dtype=np.int64))
     arrays = [np.asarray(decode_rows, dtype=np.int64), padded_block_tables(decode_tables, np.int64),
               np.asarray(decode_lens, dtype=np.int64), *prefill_tables]
 

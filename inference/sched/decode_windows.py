@@ -102,14 +102,6 @@ def window_lengths(num_scheduler_steps: int, adaptive: bool) -> list[int]:
                   | {num_scheduler_steps})
 
 
-def _sampling_is_step_invariant(request: Request, num_pending: int) -> bool:
-    params = request.sampling_params
-    return (params.logprobs is None and request.grammar is None  # a grammar's mask needs each token first
-            and not params.presence_penalty and not params.frequency_penalty
-            and params.repetition_penalty == 1.0
-            and len(request.output_token_ids) + num_pending >= params.min_tokens)
-
-
 def window_size(out: SchedulerOutput, num_scheduler_steps: int, max_model_len: int,
                 admission_possible: bool, num_pending: int = 0) -> int:
     """How many decode steps the batch ``out`` can run back to back: ``num_scheduler_steps``,
@@ -120,32 +112,29 @@ def window_size(out: SchedulerOutput, num_scheduler_steps: int, max_model_len: i
         num_pending: tokens per request that the step in flight samples and the host has not
             appended yet (a batch scheduled ahead, with async scheduling); 0 otherwise.
     """
-    if num_scheduler_steps <= 1 or out.is_empty or out.preempted_ids or admission_possible:
+    if num_scheduler_steps <= 1 or not out.scheduled or out.preempted_ids or admission_possible:
         return 1
-    if not out.is_decode_only:
-        return 1
-    steps = num_scheduler_steps
+    longest = 0  # the most tokens of a request: it is the first to reach max_model_len
+    # One pass (every window checks every request, the hot path): out.is_decode_only, then sampling that no
+    # earlier token changes (Request.sampling_step_invariant, no grammar, min_tokens reached with the pending ones).
     for item in out.scheduled:
         request = item.request
-        if not _sampling_is_step_invariant(request, num_pending):
+        if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
+                or not request.sampling_step_invariant or request.grammar is not None  # a grammar's mask needs each token
+                or len(request.output_token_ids) + num_pending < request.sampling_params.min_tokens):
             return 1
-        # the request has len(all_token_ids) + num_pending tokens; it finishes by length at max_model_len
-        steps = min(steps, max_model_len - len(request.all_token_ids) - num_pending)
-    return max(steps, 1)
+        num_tokens = len(request.all_token_ids)
+        if num_tokens > longest:
+            longest = num_tokens
+    # a request has len(all_token_ids) + num_pending tokens; it finishes by length at max_model_len
+    return max(min(num_scheduler_steps, max_model_len - longest - num_pending), 1)
 
 
 def reserve_window(out: SchedulerOutput, kv: KVCacheManager, num_steps: int) -> bool:
     """Grow the block tables of ``out``'s requests (each already holding the slot of its first
     step) to hold ``num_steps`` tokens each; all or nothing. Returns False, holding nothing more,
     when the pool cannot hold every request's window."""
-    requests = [item.request for item in out.scheduled]
-    needed = sum(kv.blocks_needed(r, num_steps) for r in requests)
-    if needed > kv.num_free_blocks:
-        return False
-    for request in requests:
-        if not kv.allocate_slots(request, num_steps):  # cannot fail: the blocks were counted above
-            raise AssertionError("KV pool changed while reserving a multi-step window")
-    return True
+    return kv.allocate_window_slots([item.request for item in out.scheduled], num_steps)
 
 
 def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int) -> list[int] | None:
@@ -163,15 +152,19 @@ def rows_ahead(prev: SchedulerOutput, running: list[Request], max_model_len: int
     was a window (a constrained request runs ahead only after a single step).
     """
     scheduled, num_steps, rows, row = prev.scheduled, prev.num_steps, [], 0
+    num_rows, window = len(scheduled), num_steps > 1
+    longest = max_model_len - num_steps  # a request with this many tokens could reach max_model_len in prev
     for request in running:
-        while row < len(scheduled) and scheduled[row].request is not request:
+        while row < num_rows:
+            item = scheduled[row]
+            if item.request is request:
+                break
             row += 1
-        if row == len(scheduled):
+        else:
             return None
-        item = scheduled[row]
         if (item.num_scheduled_tokens != 1 or not item.samples or item.forks
-                or (request.grammar is not None and num_steps > 1)  # its masks need every token of prev
-                or len(request.all_token_ids) + num_steps >= max_model_len
+                or (window and request.grammar is not None)  # its masks need every token of prev
+                or len(request.all_token_ids) >= longest
                 or len(request.output_token_ids) < request.sampling_params.min_tokens):
             return None
         rows.append(row)

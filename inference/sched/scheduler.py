@@ -26,7 +26,7 @@ import time
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..lora.slots import LoRASlots
-from ..request import Request, RequestStatus
+from ..request import FINISHED_STATUSES, Request, RequestStatus
 from .decode_windows import reserve_window, rows_ahead, window_size
 from .fair_share import FairShare
 from .parallel_sampling import ParallelSampling
@@ -334,7 +334,7 @@ class Scheduler:
             req = item.request
             samples = () if not item.samples else item.sampling_requests if item.forks else (req,)
             first_row, row = row, row + len(samples)
-            if req.is_finished:  # aborted (every sample then) or ended by a stop string while in flight
+            if req.status in FINISHED_STATUSES:  # aborted (every sample then) or ended by a stop string in flight
                 continue
             if prompt_logprobs and req.request_id in prompt_logprobs:
                 update.prompt_logprobs.append(PromptLogprobs(req, *prompt_logprobs[req.request_id]))
@@ -344,7 +344,7 @@ class Scheduler:
                 if samples and req.num_output_tokens == 0:
                     prompts += req.num_prompt_tokens  # once per prompt, also with n > 1
             for index, sample in enumerate(samples, first_row):
-                if sample.is_finished:  # ended by a stop string while in flight
+                if sample.status in FINISHED_STATUSES:  # ended by a stop string while in flight
                     continue
                 token_id = token_ids[index]
                 status = append_sampled_token(sample, token_id, max_model_len)
@@ -358,20 +358,27 @@ class Scheduler:
 
     def _update_from_window(self, out: SchedulerOutput, window_tokens: list[list[int]]) -> SchedulerUpdate:
         """:meth:`update_from_output` of a multi-step window: per request, its tokens in order up to
-        the one that finishes it (the others are dropped); then the window's advance."""
+        the one that finishes it (the others are dropped); then the window's advance, or, for a window
+        :meth:`schedule_ahead` advanced, the blocks its tokens completed (:meth:`_cache_appended`)."""
         max_model_len, finish_request = self.config.max_model_len, self.finish_request
+        advanced_ahead = out is self._advanced_ahead
+        # the requests still running, for _cache_appended's registrations (gathered here: one pass over the batch)
+        appended = [] if advanced_ahead and self.kv.enable_prefix_caching else None
         sampled = []
         for item, tokens in zip(out.scheduled, window_tokens):
             req = item.request
-            if req.is_finished:  # aborted, or ended by a stop string, while in flight
+            if req.status in FINISHED_STATUSES:  # aborted, or ended by a stop string, while in flight
                 continue
             tokens, status = append_sampled_tokens(req, tokens, max_model_len)
             if status is not None:
                 finish_request(req, status)
+            elif appended is not None:
+                appended.append(req)
             sampled.append(SampledTokens(req, tokens, None, status))
-        if out is self._advanced_ahead:
+        if advanced_ahead:
             self._advanced_ahead = None
-            self._cache_appended(out)
+            if appended:
+                self.kv.cache_blocks_of(appended)  # _cache_appended(out): its requests not finished, in order
         else:
             self._advance_window(out)
         return SchedulerUpdate(sampled)
@@ -379,11 +386,9 @@ class Scheduler:
     def _cache_appended(self, out: SchedulerOutput) -> None:
         """With prefix caching, register the blocks that the tokens just appended completed, for a
         step that :meth:`schedule_ahead` advanced before its tokens were known."""
-        kv = self.kv
-        if kv.enable_prefix_caching:
-            for item in out.scheduled:
-                if not item.request.is_finished:
-                    kv.cache_blocks(item.request)
+        if self.kv.enable_prefix_caching:
+            self.kv.cache_blocks_of([item.request for item in out.scheduled
+                                     if item.request.status not in FINISHED_STATUSES])
 
     def _advance(self, out: SchedulerOutput) -> None:
         if out.num_steps > 1:
@@ -396,29 +401,37 @@ class Scheduler:
         appended (or, scheduling ahead, before: its blocks are cached after the append): every request still
         running computed ``num_steps`` tokens (those that finished in the window were freed; nothing
         of theirs is kept)."""
-        fair_share, kv, num_steps = self.fair_share, self.kv, out.num_steps
+        fair_share, num_steps = self.fair_share, out.num_steps
+        advanced = []
         for item in out.scheduled:
             request = item.request
             if fair_share is not None:
                 fair_share.charge(request.tenant_id, num_steps)
-            if not request.is_finished:
+            if request.status not in FINISHED_STATUSES:
                 request.num_computed_tokens += num_steps
-                kv.cache_blocks(request)
+                advanced.append(request)
+        self.kv.cache_blocks_of(advanced)  # each request's registrations depend on its own blocks alone
 
     def _advance_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step, register its newly
         completed blocks in the prefix cache, and fork the parallel samples whose prompt it computed."""
-        fair_share, kv = self.fair_share, self.kv
+        fair_share, kv, parallel = self.fair_share, self.kv, self.parallel
+        caching = [] if kv.enable_prefix_caching else None  # requests whose new blocks are cached, in order
         for item in out.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_scheduled_tokens
             if fair_share is not None:
                 fair_share.charge(request.tenant_id, item.num_scheduled_tokens)
             # a stop string can end a request while the step runs: its blocks are freed
-            if kv.enable_prefix_caching and not request.is_finished:
-                kv.cache_blocks(request)
-            if item.samples and self.parallel.holds(request):
+            if caching is not None and request.status not in FINISHED_STATUSES:
+                caching.append(request)
+            if item.samples and parallel.holds(request):
+                if caching:  # registered before the fork, which copies the leader's count of cached blocks
+                    kv.cache_blocks_of(caching)
+                    caching = []
                 self._fork(request, item.forks)
+        if caching:
+            kv.cache_blocks_of(caching)
 
     def _fork(self, leader: Request, sampled: list[Request]) -> None:
         """Give the followers that sampled beside the leader (``sampled``) its block table (shared) and

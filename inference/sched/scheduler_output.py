@@ -77,8 +77,10 @@ class SchedulerOutput:
     def is_decode_only(self) -> bool:
         """Every request computes one token and samples it (no prefill chunk, no forking parallel
         samples); False when nothing is scheduled."""
-        return bool(self.scheduled) and all(item.num_scheduled_tokens == 1 and item.samples and not item.forks
-                                            for item in self.scheduled)
+        for item in self.scheduled:  # a loop, not all() over a generator: called per launch on the hot path
+            if item.num_scheduled_tokens != 1 or not item.samples or item.forks:
+                return False
+        return bool(self.scheduled)
 
 
 @dataclass

@@ -56,13 +56,23 @@ def append_sampled_tokens(request: Request, token_ids: list[int],
     # The same decisions as append_sampled_token token by token, taken over the window at once (host time per
     # token is what bounds W2's small batches): the length limits first fix the last token, then the first
     # stop token or EOS before it (counted only from min_tokens on) ends the request earlier.
-    if not token_ids:
+    num_window = len(token_ids)
+    if not num_window:
         return token_ids, None
-    params = request.sampling_params
-    num_output = len(request.output_token_ids)
-    count = max(1, min(request.max_tokens - num_output, max_model_len - len(request.all_token_ids)))
-    status = RequestStatus.FINISHED_LENGTH if count <= len(token_ids) else None
-    count = min(count, len(token_ids))
+    params, output_token_ids, all_token_ids = request.sampling_params, request.output_token_ids, request.all_token_ids
+    num_output = len(output_token_ids)
+    # count = max(1, min(tokens left to max_tokens, to max_model_len)), without the builtins' calls (once per request
+    # and window)
+    count = request.max_tokens - num_output
+    room = max_model_len - len(all_token_ids)
+    if room < count:
+        count = room
+    if count < 1:
+        count = 1
+    if count <= num_window:
+        status = RequestStatus.FINISHED_LENGTH
+    else:
+        status, count = None, num_window
     eos = () if params.ignore_eos else params.eos_token_ids
     if eos or params.stop_token_ids:
         for i in range(max(0, params.min_tokens - num_output - 1), count):
@@ -74,9 +84,9 @@ def append_sampled_tokens(request: Request, token_ids: list[int],
                 request.stop_reason = token_id
                 count, status = i + 1, RequestStatus.FINISHED_STOPPED
                 break
-    appended = token_ids if count == len(token_ids) else token_ids[:count]
+    appended = token_ids if count == num_window else token_ids[:count]
     if request.first_token_time is None:
         request.first_token_time = time.monotonic()
-    request.output_token_ids.extend(appended)
-    request.all_token_ids.extend(appended)
+    output_token_ids.extend(appended)
+    all_token_ids.extend(appended)
     return appended, status
