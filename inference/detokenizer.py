@@ -205,12 +205,14 @@ class IncrementalDetokenizer:
 
     def _init_window(self, context: list[int]) -> None:
         start = max(0, len(context) - _PROMPT_CONTEXT_TOKENS)
-        while start > 0 and self._decode(context[start:]).startswith(_REPLACEMENT_CHAR):
+        text = self._decode(context[start:])  # the window's text, once (a multi-step window's hot path)
+        while start > 0 and text.startswith(_REPLACEMENT_CHAR):
             start -= 1  # the window must not begin inside a character
+            text = self._decode(context[start:])
         self._ids = context[start:]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
+        self._prefix_text = text
         for _ in range(_MAX_CHAR_TOKENS - 1):  # a prompt cut inside a character:
             if not self._prefix_text.endswith(_REPLACEMENT_CHAR):  # let the output finish it
                 break
