@@ -146,7 +146,7 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
     kinds = dense_kinds(model) if ENABLED else []
     if not kinds:
         return result
-    pool = torch.cuda.graph_pool_handle() if timer is graph_seconds else None
+    pool = None  # each timing graph its own memory pool: a shared one is freed with the first graph destroyed
     counts = sorted(set(row_counts))
     chosen: list[tuple[GemmKind, frozenset[int]]] = []
     try:
