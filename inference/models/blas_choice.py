@@ -79,12 +79,12 @@ def dense_kinds(model: torch.nn.Module) -> list[GemmKind]:
     return list(kinds.values())
 
 
-def graph_seconds(run: Callable[[], None], pool) -> Callable[[], float]:
+def graph_seconds(run: Callable[[], None]) -> Callable[[], float]:
     """Capture ``run`` in a CUDA graph; returns a function that replays it once and returns its device seconds."""
     run()  # warm-up outside the capture (cuBLASLt picks its algorithm, the allocator grows)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph):  # its own memory pool, freed with the graph
         run()
     graph.replay()
 
@@ -128,14 +128,14 @@ class BlasChoice:
 
 
 def choose(model: torch.nn.Module, row_counts: Iterable[int],
-           timer: Callable[[Callable[[], None], object], Callable[[], float]] = graph_seconds) -> BlasChoice:
+           timer: Callable[[Callable[[], None]], Callable[[], float]] = graph_seconds) -> BlasChoice:
     """Time cuBLAS against cuBLASLt for each dense GEMM kind of ``model`` at each of ``row_counts`` and set the
     owners' ``lt_rows`` (frozensets of row counts; the model's ``lm_head_lt_rows`` for the LM head).
 
     Args:
         row_counts: the GEMMs' row counts the CUDA graphs will capture (decode batch buckets, piecewise token
             buckets).
-        timer: ``timer(run, pool) -> replay`` returning one replay's device seconds (:func:`graph_seconds`;
+        timer: ``timer(run) -> replay`` returning one replay's device seconds (:func:`graph_seconds`;
             tests pass a fake).
     Returns:
         The decision and its timings, for the start-up log. Where cuBLASLt cannot run (a torch built without
@@ -146,7 +146,6 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
     kinds = dense_kinds(model) if ENABLED else []
     if not kinds:
         return result
-    pool = None  # each timing graph its own memory pool: a shared one is freed with the first graph destroyed
     counts = sorted(set(row_counts))
     chosen: list[tuple[GemmKind, frozenset[int]]] = []
     try:
@@ -154,7 +153,7 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
             for kind in kinds:
                 lt = set()
                 for rows in counts:
-                    t_cublas, t_lt = _time_both(kind, rows, timer, pool)
+                    t_cublas, t_lt = _time_both(kind, rows, timer)
                     use_lt = t_lt <= MARGIN * t_cublas
                     if use_lt:
                         lt.add(rows)
@@ -174,7 +173,7 @@ def choose(model: torch.nn.Module, row_counts: Iterable[int],
     return result
 
 
-def _time_both(kind: GemmKind, rows: int, timer, pool) -> tuple[float, float]:
+def _time_both(kind: GemmKind, rows: int, timer) -> tuple[float, float]:
     """Median device seconds of ``kind``'s GEMMs at ``rows`` rows through cuBLAS and through cuBLASLt."""
     first = kind.weights[0]
     x = torch.zeros(rows, first.shape[1], dtype=first.dtype, device=first.device).normal_(0, 1)
@@ -184,8 +183,8 @@ def _time_both(kind: GemmKind, rows: int, timer, pool) -> tuple[float, float]:
         for weight, bias in zip(kind.weights, kind.biases):
             call(x, weight, bias)
 
-    cublas = timer(lambda: run_all(False), pool)
-    cublaslt = timer(lambda: run_all(True), pool)
+    cublas = timer(lambda: run_all(False))
+    cublaslt = timer(lambda: run_all(True))
     times_cublas, times_lt = [], []
     for _ in range(ROUNDS):  # alternating: clocks and neighbours drift alike for both
         times_cublas.append(cublas())

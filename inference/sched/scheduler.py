@@ -415,23 +415,17 @@ class Scheduler:
     def _advance_step(self, out: SchedulerOutput) -> None:
         """Advance ``num_computed_tokens`` of every request that ran in the step, register its newly
         completed blocks in the prefix cache, and fork the parallel samples whose prompt it computed."""
-        fair_share, kv, parallel = self.fair_share, self.kv, self.parallel
-        caching = [] if kv.enable_prefix_caching else None  # requests whose new blocks are cached, in order
+        fair_share, kv = self.fair_share, self.kv
         for item in out.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_scheduled_tokens
             if fair_share is not None:
                 fair_share.charge(request.tenant_id, item.num_scheduled_tokens)
             # a stop string can end a request while the step runs: its blocks are freed
-            if caching is not None and request.status not in FINISHED_STATUSES:
-                caching.append(request)
-            if item.samples and parallel.holds(request):
-                if caching:  # registered before the fork, which copies the leader's count of cached blocks
-                    kv.cache_blocks_of(caching)
-                    caching = []
+            if kv.enable_prefix_caching and request.status not in FINISHED_STATUSES:
+                kv.cache_blocks(request)
+            if item.samples and self.parallel.holds(request):
                 self._fork(request, item.forks)
-        if caching:
-            kv.cache_blocks_of(caching)
 
     def _fork(self, leader: Request, sampled: list[Request]) -> None:
         """Give the followers that sampled beside the leader (``sampled``) its block table (shared) and

@@ -48,7 +48,7 @@ class FakeTimer:
     def __init__(self, shapes: dict[tuple[int, int], str], seconds) -> None:
         self.shapes, self.seconds, self.runs = shapes, seconds, []
 
-    def __call__(self, run, pool):
+    def __call__(self, run):
         calls = []
         real = F.linear
 
@@ -110,9 +110,9 @@ def test_where_cublaslt_cannot_run_every_layer_keeps_cublas(tiny_qwen2, blas_pre
     model = _model(tiny_qwen2, torch.bfloat16)
     shapes = _shapes(model)
 
-    def timer(run, pool):  # cuBLASLt twice as fast, but the LM head (timed last) fails, as a capture might
+    def timer(run):  # cuBLASLt twice as fast, but the LM head (timed last) fails, as a capture might
         spy = FakeTimer(shapes, lambda name, rows, lt: 0.5 if lt else 1.0)
-        replay = spy(run, pool)
+        replay = spy(run)
         if spy.runs[0][0][0] == "lm_head":
             raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
         return replay
