@@ -24,7 +24,8 @@
 #   kv-fp8-w3        the W3 half of kv-fp8
 #   kv-fp8           W3 and W1 with the KV cache in bf16 (auto) and FP8 (--kv-cache-dtype fp8), alternating
 #   prefix-cost      W1 and W2 with prefix caching off and on (the default), alternating: its cost at a 0% hit rate
-#                    (with --step-trace: where the wall time went, by batch size)
+#                    (with --step-trace: where the wall time went, by batch size); workloads PC_WORKLOADS (default
+#                    "w1 w2")
 #   prefix-ttft      Qwen2.5-7B shape: 256 requests at once sharing a 1,024-token system prompt, TTFT with prefix
 #                    caching off and on (prefix_caching.py --workloads batch)
 #   late-requests    W2 at default flags, 16 requests of 128 in / 16 out arriving one every 0.25 s while it runs,
@@ -197,13 +198,13 @@ for step in "$@"; do
     run_step w1-kv-fp8 200 $TP $W1 --kv-cache-dtype fp8 --output-json "$(name w1-kv-fp8)"
     run_step w1-kv-auto 200 $TP $W1 --output-json "$(name w1-kv-auto)" ;;
   prefix-cost)
-    for r in a b; do
-      run_step w1-nopc-$r 200 $TP $W1 --step-trace --no-enable-prefix-caching --output-json "$(name w1-prefix-off "" _$r)"
-      run_step w1-pc-$r 200 $TP $W1 --step-trace --output-json "$(name w1-prefix-on "" _$r)"
-    done
-    for r in a b; do
-      run_step w2-nopc-$r 200 $TP $W2 --step-trace --no-enable-prefix-caching --output-json "$(name w2-prefix-off "" _$r)"
-      run_step w2-pc-$r 200 $TP $W2 --step-trace --output-json "$(name w2-prefix-on "" _$r)"
+    for w in ${PC_WORKLOADS:-w1 w2}; do
+      case $w in w1) flags=$W1 ;; *) flags=$W2 ;; esac
+      for r in a b; do
+        run_step $w-nopc-$r 200 $TP $flags --step-trace --no-enable-prefix-caching \
+          --output-json "$(name $w-prefix-off "" _$r)"
+        run_step $w-pc-$r 200 $TP $flags --step-trace --output-json "$(name $w-prefix-on "" _$r)"
+      done
     done ;;
   prefix-ttft) run_step prefix-ttft 360 $PY benchmarks/prefix_caching.py --model $M7 --load-format dummy \
       --dtype bfloat16 --workloads batch --num-prompts 256 --system-len 1024 --max-model-len 2048 \
