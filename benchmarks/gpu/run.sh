@@ -43,6 +43,8 @@
 #                    (--window-host-cover 1.25) and at default flags (the latency target alone), alternating, rounds
 #                    WH_ROUNDS (default "a b"); then the late requests with it
 #   w4a16-split-k    the W4A16 decode kernel's K split on gate_up and down at 1, 16 and 64 rows (w4a16_split_k.py)
+#   w4a16-tile-sweep the W4A16 tile kernel's tile width, warps, stages and K split on the 7B shape's four layers at
+#                    TS_ROWS rows (default "32 64"), against the default config and bf16 (w4a16_tile_sweep.py)
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
@@ -230,6 +232,8 @@ for step in "$@"; do
       --num-late 16 --late-input-len 128 --late-output-len 16 --late-interval 0.25 --window-host-cover 1.25 \
       --output-json "$(name late-requests-window-host-cover)" ;;
   w4a16-split-k) run_step w4a16-split-k 300 $PY benchmarks/w4a16_split_k.py --output-json "$(name w4a16-split-k)" ;;
+  w4a16-tile-sweep) run_step w4a16-tile-sweep 480 $PY benchmarks/w4a16_tile_sweep.py --rows ${TS_ROWS:-32 64} \
+      --output-json "$(name w4a16-tile-sweep)" ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
       for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do
