@@ -28,7 +28,7 @@ class ParallelSampling:
         first token, its waiting followers up to ``seats`` (the ``max_num_seqs`` seats not taken or
         promised, so that a step samples at most ``max_num_seqs`` rows: n=128 on each of 128 prompts
         sampled 16,384 rows of full-vocabulary logits in one step), else none. The others compute their
-        prompt (a prefix-cache hit for its full blocks) and sample when admitted (``Scheduler._fork``),
+        prompt (a prefix-cache hit for its full blocks) and sample when admitted (``StepUpdater._fork``),
         as vLLM V1's separate child requests do."""
         if not samples or request.num_output_tokens:
             return []

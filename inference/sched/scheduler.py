@@ -14,9 +14,9 @@ once and fork (:mod:`.parallel_sampling`). With LoRA, a waiting request whose ad
 running requests use more than ``max_loras`` adapters waits, and the ones behind it are still
 admitted; each step's adapters get device slots (:mod:`inference.lora.slots`).
 
-After each step, :meth:`Scheduler.update_from_output` alone updates the requests: it advances
-``num_computed_tokens``, appends the sampled tokens and finishes the requests whose token ids end
-them (:mod:`.token_appends`); stop strings are found later, in the text (the engine's output
+After each step, :meth:`Scheduler.update_from_output` alone updates the requests (:mod:`.step_update`):
+it advances ``num_computed_tokens``, appends the sampled tokens and finishes the requests whose token
+ids end them (:mod:`.token_appends`); stop strings are found later, in the text (the engine's output
 processor), and the engine then finishes those requests here.
 """
 from __future__ import annotations
@@ -26,14 +26,13 @@ import time
 from ..config import SchedulerConfig
 from ..kv_cache import KVCacheManager
 from ..lora.slots import LoRASlots
-from ..request import FINISHED_STATUSES, Request, RequestStatus
+from ..request import Request, RequestStatus
 from .decode_windows import reserve_window, rows_ahead, window_size
 from .fair_share import FairShare
 from .parallel_sampling import ParallelSampling
 from .policy import SchedulingPolicy, make_policy
-from .scheduler_output import (ModelRunnerOutput, PromptLogprobs, SampledTokens, ScheduledRequest, SchedulerOutput,
-                               SchedulerUpdate)
-from .token_appends import append_sampled_token, append_sampled_tokens
+from .scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SchedulerUpdate
+from .step_update import StepUpdater
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -55,7 +54,8 @@ class Scheduler:
         self.fair_share: FairShare | None = None  # tenants' GPU shares (see fair_share.py); None: the policy's order
         self._observed_running = 0  # running requests when the fair share last saw them
         self._rows_ahead: list[int] | None = None  # multi-step: the batch can_schedule_ahead found for schedule_ahead
-        self._advanced_ahead: SchedulerOutput | None = None  # the step schedule_ahead advanced before its tokens
+        self.step_updater = StepUpdater(kv_cache_manager, self.parallel, self.running, self.policy,
+                                        self.finish_request, config.max_model_len, config.max_num_seqs)
         # the longest window a decode-only batch may run now: num_scheduler_steps, or what the engine
         # sets from the measured step time with adaptive windows (decode_windows.adaptive_window)
         self.window_limit = 1 if config.adaptive_windows else config.num_scheduler_steps
@@ -286,8 +286,7 @@ class Scheduler:
         With multi-step scheduling: the requests of ``prev`` still running (``out.input_rows``
         when some have left), their input the token of ``prev``'s last step, and a window itself
         when :func:`.decode_windows.window_size` allows."""
-        self._advance(prev)  # the blocks prev's tokens complete are cached once they are appended
-        self._advanced_ahead = prev
+        self.step_updater.advance_ahead(prev, self.fair_share)
         if self.config.num_scheduler_steps > 1:
             rows = self._rows_ahead
             out = SchedulerOutput(scheduled=[prev.scheduled[row] for row in rows],
@@ -310,137 +309,10 @@ class Scheduler:
         prefix cache, the tenants' charges, the forks of parallel samples) unless
         :meth:`schedule_ahead` already did, append the sampled tokens and finish the requests their
         ids end (:mod:`.token_appends`). Requests finished while the step ran (aborted, or ended by a
-        stop string) append nothing: the token they sampled is dropped.
+        stop string) append nothing: the token they sampled is dropped. See :mod:`.step_update`.
 
         Returns:
             The tokens appended per request and the prompt-logprob chunks (typed records), for the
             output processor.
         """
-        if scheduler_output.num_steps > 1:
-            return self._update_from_window(scheduler_output, runner_output.multi_step_token_ids)
-        advanced_ahead = scheduler_output is self._advanced_ahead
-        if advanced_ahead:
-            self._advanced_ahead = None
-        else:
-            self._advance_step(scheduler_output)
-        token_ids, logprobs_list, prompt_logprobs = (runner_output.sampled_token_ids, runner_output.logprobs,
-                                                     runner_output.prompt_logprobs)
-        max_model_len, finish_request = self.config.max_model_len, self.finish_request
-        update = SchedulerUpdate()
-        sampled = update.sampled
-        row = 0  # the next sampled row: one per sampling request, in batch order
-        prompts = computed = 0  # prompts whose prefill finished, prompt positions computed
-        for item in scheduler_output.scheduled:
-            req = item.request
-            samples = () if not item.samples else item.sampling_requests if item.forks else (req,)
-            first_row, row = row, row + len(samples)
-            if req.status in FINISHED_STATUSES:  # aborted (every sample then) or ended by a stop string in flight
-                continue
-            if prompt_logprobs and req.request_id in prompt_logprobs:
-                update.prompt_logprobs.append(PromptLogprobs(req, *prompt_logprobs[req.request_id]))
-            start = req.num_computed_tokens - item.num_scheduled_tokens
-            if start < len(req.prompt_token_ids):  # a prompt chunk (decodes skip this bookkeeping)
-                computed += min(req.num_computed_tokens, req.num_prompt_tokens) - start
-                if samples and req.num_output_tokens == 0:
-                    prompts += req.num_prompt_tokens  # once per prompt, also with n > 1
-            for index, sample in enumerate(samples, first_row):
-                if sample.status in FINISHED_STATUSES:  # ended by a stop string while in flight
-                    continue
-                token_id = token_ids[index]
-                status = append_sampled_token(sample, token_id, max_model_len)
-                if status is not None:
-                    finish_request(sample, status)
-                sampled.append(SampledTokens(sample, [token_id], logprobs_list[index], status))
-        update.num_prompt_tokens, update.num_prompt_tokens_computed = prompts, computed
-        if advanced_ahead:
-            self._cache_appended(scheduler_output)
-        return update
-
-    def _update_from_window(self, out: SchedulerOutput, window_tokens: list[list[int]]) -> SchedulerUpdate:
-        """:meth:`update_from_output` of a multi-step window: per request, its tokens in order up to
-        the one that finishes it (the others are dropped); then the window's advance, or, for a window
-        :meth:`schedule_ahead` advanced, the blocks its tokens completed (:meth:`_cache_appended`)."""
-        max_model_len, finish_request = self.config.max_model_len, self.finish_request
-        advanced_ahead = out is self._advanced_ahead
-        # the requests still running, for _cache_appended's registrations (gathered here: one pass over the batch)
-        appended = [] if advanced_ahead and self.kv.enable_prefix_caching else None
-        sampled = []
-        for item, tokens in zip(out.scheduled, window_tokens):
-            req = item.request
-            if req.status in FINISHED_STATUSES:  # aborted, or ended by a stop string, while in flight
-                continue
-            tokens, status = append_sampled_tokens(req, tokens, max_model_len)
-            if status is not None:
-                finish_request(req, status)
-            elif appended is not None:
-                appended.append(req)
-            sampled.append(SampledTokens(req, tokens, None, status))
-        if advanced_ahead:
-            self._advanced_ahead = None
-            if appended:
-                self.kv.cache_blocks_of(appended)  # _cache_appended(out): its requests not finished, in order
-        else:
-            self._advance_window(out)
-        return SchedulerUpdate(sampled)
-
-    def _cache_appended(self, out: SchedulerOutput) -> None:
-        """With prefix caching, register the blocks that the tokens just appended completed, for a
-        step that :meth:`schedule_ahead` advanced before its tokens were known."""
-        if self.kv.enable_prefix_caching:
-            self.kv.cache_blocks_of([item.request for item in out.scheduled
-                                     if item.request.status not in FINISHED_STATUSES])
-
-    def _advance(self, out: SchedulerOutput) -> None:
-        if out.num_steps > 1:
-            self._advance_window(out)
-        else:
-            self._advance_step(out)
-
-    def _advance_window(self, out: SchedulerOutput) -> None:
-        """The advance of a multi-step window (``out.num_steps > 1``), once the window's tokens are
-        appended (or, scheduling ahead, before: its blocks are cached after the append): every request still
-        running computed ``num_steps`` tokens (those that finished in the window were freed; nothing
-        of theirs is kept)."""
-        fair_share, num_steps = self.fair_share, out.num_steps
-        advanced = []
-        for item in out.scheduled:
-            request = item.request
-            if fair_share is not None:
-                fair_share.charge(request.tenant_id, num_steps)
-            if request.status not in FINISHED_STATUSES:
-                request.num_computed_tokens += num_steps
-                advanced.append(request)
-        self.kv.cache_blocks_of(advanced)  # each request's registrations depend on its own blocks alone
-
-    def _advance_step(self, out: SchedulerOutput) -> None:
-        """Advance ``num_computed_tokens`` of every request that ran in the step, register its newly
-        completed blocks in the prefix cache, and fork the parallel samples whose prompt it computed."""
-        fair_share, kv = self.fair_share, self.kv
-        for item in out.scheduled:
-            request = item.request
-            request.num_computed_tokens += item.num_scheduled_tokens
-            if fair_share is not None:
-                fair_share.charge(request.tenant_id, item.num_scheduled_tokens)
-            # a stop string can end a request while the step runs: its blocks are freed
-            if kv.enable_prefix_caching and request.status not in FINISHED_STATUSES:
-                kv.cache_blocks(request)
-            if item.samples and self.parallel.holds(request):
-                self._fork(request, item.forks)
-
-    def _fork(self, leader: Request, sampled: list[Request]) -> None:
-        """Give the followers that sampled beside the leader (``sampled``) its block table (shared) and
-        let them run. The others, and any beyond ``max_num_seqs``, wait holding no blocks, as if
-        preempted: they compute their prompt (and first token) when admitted, from the prefix cache
-        when it is on."""
-        overflow, sampled_ids = [], {id(follower) for follower in sampled}
-        for follower in self.parallel.release(leader):
-            if id(follower) in sampled_ids and len(self.running) < self.config.max_num_seqs:
-                follower.first_scheduled_time = leader.first_scheduled_time
-                self.kv.fork(leader, follower)
-                follower.num_computed_tokens = leader.num_computed_tokens
-                follower.status = RequestStatus.RUNNING
-                self.running.append(follower)
-            else:
-                overflow.append(follower)
-        for follower in reversed(overflow):
-            self.policy.requeue(follower)
+        return self.step_updater.update(scheduler_output, runner_output, self.fair_share)
