@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import LLM, SamplingParams  # noqa: E402
 from inference.sampling_params import RequestOutputKind  # noqa: E402
 from inference.model_loader.dummy_models import dummy_model_dir  # noqa: E402
+from step_profile import GcWatch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # CPU seconds of this process: on a shared machine, other processes' load does not count.
@@ -168,6 +169,7 @@ def main() -> None:
     steps, num_profiled = [], 0
     all_host, all_tokens = 0.0, 0  # every decode step, also those where requests finish
     forward_before, phases_before, phase_sums = 0.0, dict(timers.seconds), dict.fromkeys(timers.seconds, 0.0)
+    collector = GcWatch().start()  # the collector's pauses over the measured steps
     while engine.has_unfinished_requests():
         full = len(engine.scheduler.running) == args.num_prompts
         profiled = profiler is not None and full and num_profiled < args.profile
@@ -190,6 +192,7 @@ def main() -> None:
                 phase_sums[k] += v - phases_before[k]
         forward_before = sum(v for k, v in timers.seconds.items() if k.startswith("forward."))
         phases_before = dict(timers.seconds)
+    collector.stop()
     if not steps:
         sys.exit(f"no full-batch decode step was left to measure: --profile {args.profile} took them all "
                  "(with --output-range the first requests finish early; profile fewer steps)")
@@ -216,6 +219,7 @@ def main() -> None:
         "host_ms_per_step_mean": round(1000 * sum(host) / len(host), 3),
         "phase_ms_per_step": {k: round(1000 * v / len(steps), 3) for k, v in phase_sums.items()},
         "triton_inputs_ms": round(triton_ms, 3),
+        "gc": collector.report(),
         "output_text_sha256": hashlib.sha256(json.dumps(sorted(texts.items())).encode()).hexdigest()[:16],
     }
     if profiler is not None:

@@ -4,10 +4,12 @@
 sampled tokens, schedule, prepare-and-launch, detokenize) with wall-clock accumulators, in
 seconds; the engine's code is untouched. ``kernel_table(...)`` runs a callable under
 ``torch.profiler`` and returns the kernels that took the most device time. ``TritonCompileWatch``
-counts the Triton kernel variants first built (or loaded from Triton's disk cache) while it is open.
+counts the Triton kernel variants first built (or loaded from Triton's disk cache) while it is open;
+``GcWatch`` the garbage collector's pauses.
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import Callable
 
@@ -110,6 +112,43 @@ class TritonCompileWatch:
             kernels[name] = kernels.get(name, 0) + 1
         return {"count": len(self.builds), "seconds": round(sum(s for _, s in self.builds), 3), "kernels": kernels,
                 "examples": self.examples}
+
+
+class GcWatch:
+    """Context manager: the cyclic garbage collector's collections while open, by generation, with their pause
+    (``gc.callbacks``), in milliseconds."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._start))
+
+    def start(self) -> "GcWatch":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def __enter__(self) -> "GcWatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def report(self) -> dict:
+        """``{"threshold", "collections": {generation: count}, "ms", "max_ms"}``."""
+        counts: dict[str, int] = {}
+        for generation, _ in self.pauses:
+            counts[str(generation)] = counts.get(str(generation), 0) + 1
+        seconds = [s for _, s in self.pauses]
+        return {"threshold": list(gc.get_threshold()), "collections": counts, "ms": round(1e3 * sum(seconds), 2),
+                "max_ms": round(1e3 * max(seconds, default=0.0), 2)}
 
 
 def device_timeline(prof, wall_s: float) -> dict:

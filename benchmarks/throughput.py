@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from provenance import current_commit
-from step_profile import PhaseTimers, TritonCompileWatch, kernel_table
+from step_profile import GcWatch, PhaseTimers, TritonCompileWatch, kernel_table
 from transformers_peer import run_alternating, run_transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -162,7 +162,7 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
     kv = engine.kv_cache_manager
     hits_before, queries_before = kv.prefix_cache_hits, kv.prefix_cache_queries
     timers = PhaseTimers(engine) if phase_timers else None
-    with TritonCompileWatch() as builds:
+    with TritonCompileWatch() as builds, GcWatch() as collector:
         start = time.perf_counter()
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             engine.add_request(f"{id_prefix}{i}", prompt, sp, lora_request=loras[i % len(loras)] if loras else None)
@@ -201,7 +201,7 @@ def timed_run(engine, prompts, outputs, params, phase_timers: bool, id_prefix: s
             "prefix_cache_hit_tokens": kv.prefix_cache_hits - hits_before,
             "prefix_cache_query_tokens": kv.prefix_cache_queries - queries_before,
             "multi_step_windows": engine.num_multi_step_windows - windows_before,
-            "triton_builds_in_timed_run": builds.report(),
+            "triton_builds_in_timed_run": builds.report(), "gc_in_timed_run": collector.report(),
             "phase_seconds": timers.report() if timers else None,
             "median_ttft_s": ttft[len(ttft) // 2], "median_tpot_ms": 1000 * tpot[len(tpot) // 2],
             "p99_tpot_ms": 1000 * tpot[min(len(tpot) - 1, int(len(tpot) * 0.99))],
@@ -400,6 +400,9 @@ def print_tessera(ours: dict, roof: dict) -> None:
     builds = ours["triton_builds_in_timed_run"]
     print(f"  Triton kernel variants built inside the timed run: {builds['count']} ({builds['seconds']:.2f} s) "
           f"{builds['kernels']}")
+    collector = ours["gc_in_timed_run"]
+    print(f"  garbage collections in the timed run: {collector['collections']} ({collector['ms']:.1f} ms, longest "
+          f"{collector['max_ms']:.1f} ms; thresholds {collector['threshold']})")
     if ours["repeats"]:
         print("  repeats on the same engine, output tok/s:", [round(x) for x in ours["repeats"]])
     if ours["phase_seconds"]:
