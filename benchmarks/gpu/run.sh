@@ -51,8 +51,6 @@
 #   blas-choice      W3 and W2 at default flags (each dense layer's captured GEMMs through cuBLAS or cuBLASLt, as timed at
 #                    start-up) and with every GEMM on cuBLAS (--no-blas-choice), alternating, rounds BC_ROUNDS (default
 #                    "a b"), workloads BC_WORKLOADS (default "w3 w2")
-#   gc-threshold     W2 at default flags (the garbage collector's first threshold raised to 10,000 by the engine) and
-#                    with Python's 700 (TESSERA_GC_GEN0_THRESHOLD=0), alternating, rounds GC_ROUNDS (default "a b")
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -251,11 +249,6 @@ for step in "$@"; do
         run_step $w-bc-on-$r 300 $TP $flags --output-json "$(name $w-blas-choice "" _$r)"
         run_step $w-bc-off-$r 300 $TP $flags --no-blas-choice --output-json "$(name $w-blas-choice-off "" _$r)"
       done
-    done ;;
-  gc-threshold)
-    for r in ${GC_ROUNDS:-a b}; do
-      run_step w2-gc-$r 200 $TP $W2 --output-json "$(name w2-gc-threshold "" _$r)"
-      TESSERA_GC_GEN0_THRESHOLD=0 run_step w2-gc-off-$r 200 $TP $W2 --output-json "$(name w2-gc-threshold-off "" _$r)"
     done ;;
   window-lengths)
     for r in ${WL_ROUNDS:-a b}; do

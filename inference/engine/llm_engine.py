@@ -31,7 +31,6 @@ from ..sampling_params import SamplingParams
 from ..structured_output.compiler import GrammarCompiler, GrammarState
 from ..validation import validate_priority, validate_prompt, validate_text
 from .arg_utils import EngineArgs
-from .host_gc import raise_gc_threshold
 from .iteration_stats import IterationTokens
 from .output_processor import OutputProcessor
 from .stats import EngineStats
@@ -103,7 +102,6 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.iteration_tokens = IterationTokens()
-        raise_gc_threshold()  # fewer collector pauses in the host loop (host_gc.py)
 
     def close(self) -> None:
         """Release the engine's processes (the tensor-parallel ranks); a no-op for a single rank.
