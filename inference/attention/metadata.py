@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .torch_decode import DecodePlan
 
 
 @dataclass
@@ -33,9 +37,9 @@ class AttentionMetadata:
         decode_seq_lens: ``[Bd]`` int64, context length including the new token.
         decode_max_seq_len: the largest of ``decode_seq_lens`` as a host int (tokens), where the step's
             builder knows it without reading the device; None otherwise.
-        decode_groups: the PyTorch backend's groups of decodes of similar length
-            (``torch_ref.DecodeGroup``), planned by the step's first layer and reused by the others; not an
-            argument, and ``dataclasses.replace`` (the next step of a decode window) starts it afresh.
+        decode_plan: the PyTorch backend's order and groups of the decodes (``torch_decode.DecodePlan``),
+            planned by the step's first layer and reused by the others; not an argument, and
+            ``dataclasses.replace`` (the next step of a decode window) starts it afresh.
         prefills: the multi-token requests.
         block_size: tokens per block.
         backend: ``"torch"`` (reference, CPU) or ``"triton"`` (GPU kernels).
@@ -72,7 +76,7 @@ class AttentionMetadata:
     num_leading_decodes: int = 0
     prefill_cu_seqlens_q: torch.Tensor | None = None
     decode_max_seq_len: int | None = None
-    decode_groups: list | None = field(default=None, init=False, repr=False, compare=False)
+    decode_plan: DecodePlan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_decodes(self) -> int:

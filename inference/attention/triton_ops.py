@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from .metadata import AttentionMetadata
-from .torch_ref import _decode, _prefill, store_kv
+from .torch_decode import decode
+from .torch_ref import _prefill, store_kv
 from .triton_cache import store_kv_cache
 from .triton_decode import choose_num_splits, paged_decode_attention
 from .triton_prefill import paged_prefill_attention
@@ -35,7 +36,7 @@ def store_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
 def paged_decode_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                                seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
                                v_scale: float = 1.0) -> torch.Tensor:
-    """Reference of :func:`paged_decode_attention`: ``torch_ref._decode``, zeros for ``seq_len == 0`` rows.
+    """Reference of :func:`paged_decode_attention`: ``torch_decode.decode``, zeros for ``seq_len == 0`` rows.
 
     Every entry of ``block_tables`` (padding included) must be a valid block id: it is gathered.
     """
@@ -44,7 +45,7 @@ def paged_decode_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_ta
         decode_indices=torch.arange(q.shape[0], device=q.device),
         decode_block_tables=block_tables.long(), decode_seq_lens=seq_lens.long(), prefills=[],
         block_size=kv_cache.shape[2])
-    out = _decode(q, kv_cache, meta, scale, k_scale, v_scale)
+    out = decode(q, kv_cache, meta, scale, k_scale, v_scale)
     return out.masked_fill((seq_lens == 0)[:, None, None], 0.0)
 
 

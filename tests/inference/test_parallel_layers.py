@@ -10,9 +10,9 @@ import torch
 from inference.distributed.partition import head_partition, split_range
 from inference.distributed.process_group import TensorParallelGroup
 from inference.models.layers import silu_and_mul
-from inference.models.parallel_layers import (CPU_WEIGHT_LEFT_MAX_ROWS, MergedColumnParallelLinear,
-                                              QKVParallelLinear, RowParallelLinear, VocabParallelEmbedding, linear,
-                                              parallel_logits)
+from inference.models.parallel_layers import (CPU_LM_HEAD_BLOCK_ROWS, CPU_WEIGHT_LEFT_MAX_ROWS,
+                                              MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
+                                              VocabParallelEmbedding, linear, parallel_logits)
 
 
 class PartialSums(TensorParallelGroup):
@@ -102,3 +102,15 @@ def test_cpu_linear_gives_f_linear_at_every_row_count(rows, with_bias):
     layer = RowParallelLinear(96, 40, bias=with_bias)
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [2, 7, 64, CPU_WEIGHT_LEFT_MAX_ROWS])
+def test_cpu_lm_head_in_vocabulary_blocks_gives_the_same_logits_bit_for_bit(rows):
+    # the CPU's LM head multiplies its vocabulary in blocks (the last one short): every logit is the same sum as in
+    # one W @ x^T product, so greedy tokens cannot change
+    torch.manual_seed(0)
+    vocab = 2 * CPU_LM_HEAD_BLOCK_ROWS + 37
+    table, hidden_states = torch.randn(vocab + 3, 64), torch.randn(rows, 64)
+    logits = parallel_logits(hidden_states, table, vocab, TensorParallelGroup())
+    assert logits.shape == (rows, vocab)
+    assert torch.equal(logits, torch.mm(table, hidden_states.t()).t()[:, :vocab])

@@ -8,7 +8,7 @@ import torch
 
 from inference.attention.kv_quant import FP8_DTYPE
 from inference.attention.metadata import AttentionMetadata
-from inference.attention.torch_ref import DECODE_GROUP_ROWS, _decode
+from inference.attention.torch_decode import DECODE_GROUP_ROWS, decode
 
 BLOCK = 16
 
@@ -54,21 +54,36 @@ def decode_case(lens, hq=6, hk=2, d=32, kv_dtype=torch.float32, seed=0):
 def test_decode_equals_row_by_row_attention(lens):
     """Rows of many lengths, out of order, more than one group: each row sees exactly its own tokens."""
     q, cache, meta, expected = decode_case(lens)
-    torch.testing.assert_close(_decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_in_bfloat16_masks_in_the_query_dtype():
+    """A bfloat16 model on the CPU: the padded rows of a group are masked with an additive mask of the queries'
+    dtype (SDPA rejects a float mask of another dtype), and each row still sees exactly its own tokens."""
+    lens = [3, 70, 41, 41, 12, 100, 7]
+    q, cache, meta, _ = decode_case(lens, kv_dtype=torch.bfloat16)
+    q = q.to(torch.bfloat16)
+    as_float = cache.float()
+    keys = [as_float[0, meta.decode_block_tables[i]].flatten(0, 1) for i in range(len(lens))]
+    values = [as_float[1, meta.decode_block_tables[i]].flatten(0, 1) for i in range(len(lens))]
+    expected = naive_decode(q.float(), keys, values, lens, q.shape[-1] ** -0.5)
+    out = decode(q, cache, meta, q.shape[-1] ** -0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
 
 
 def test_decode_fp8_cache_reads_the_stored_values():
     lens = [3, 70, 41, 41, 12, 100]
     q, cache, meta, expected = decode_case(lens, kv_dtype=FP8_DTYPE)
-    torch.testing.assert_close(_decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_smaller_step_after_a_larger_one_reads_only_its_own_blocks():
     """The gather buffer is kept between calls: a later, smaller batch must not see the earlier one's rows."""
     big_q, big_cache, big_meta, _ = decode_case([300] * 8, seed=1)
-    _decode(big_q, big_cache, big_meta, big_q.shape[-1] ** -0.5)
+    decode(big_q, big_cache, big_meta, big_q.shape[-1] ** -0.5)
     q, cache, meta, expected = decode_case([5, 40, 9], seed=2)
-    torch.testing.assert_close(_decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(decode(q, cache, meta, q.shape[-1] ** -0.5), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_decode_outside_inference_mode_after_a_call_inside_it():
@@ -79,9 +94,9 @@ def test_decode_outside_inference_mode_after_a_call_inside_it():
 
     def run() -> None:
         with torch.inference_mode():
-            _decode(q, cache, meta, q.shape[-1] ** -0.5)
-        meta.decode_groups = None
-        results.append(_decode(q, cache, meta, q.shape[-1] ** -0.5))
+            decode(q, cache, meta, q.shape[-1] ** -0.5)
+        meta.decode_plan = None
+        results.append(decode(q, cache, meta, q.shape[-1] ** -0.5))
 
     worker = threading.Thread(target=run)
     worker.start()
