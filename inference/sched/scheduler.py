@@ -118,10 +118,7 @@ class Scheduler:
                 item.request.first_scheduled_time = now
         if self.config.num_scheduler_steps > 1:
             self._reserve_window(out)
-        ops = self.kv.take_block_ops()
-        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
-        self._assign_lora_slots(out)
-        return out
+        return self._finish_batch(out)
 
     def while_step_runs(self, out: SchedulerOutput) -> None:
         """Host work that overlaps the step ``out`` (launched by :meth:`schedule`), taken out of the next
@@ -143,9 +140,14 @@ class Scheduler:
             kv.hash_prompt(request)
             budget -= request.num_tokens
 
-    def _assign_lora_slots(self, out: SchedulerOutput) -> None:
+    def _finish_batch(self, out: SchedulerOutput) -> SchedulerOutput:
+        """The last of :meth:`schedule` and :meth:`schedule_ahead`: the block swaps and copies the batch's
+        allocations queued, and the adapters' device slots."""
+        ops = self.kv.take_block_ops()
+        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
         if self.lora_slots is not None:
             out.lora_slots, out.lora_loads = self.lora_slots.assign(item.request for item in out.scheduled)
+        return out
 
     def _reserve_window(self, out: SchedulerOutput, num_pending: int = 0) -> None:
         """Multi-step scheduling: let a decode-only batch run several steps (``out.num_steps``)
@@ -297,10 +299,7 @@ class Scheduler:
             return None
         if self.config.num_scheduler_steps > 1:  # prev's tokens are not appended yet
             self._reserve_window(out, num_pending=prev.num_steps)
-        ops = self.kv.take_block_ops()
-        out.blocks_to_swap_out, out.blocks_to_copy, out.blocks_to_swap_in = ops.swap_out, ops.copy, ops.swap_in
-        self._assign_lora_slots(out)
-        return out
+        return self._finish_batch(out)
 
     # ---- after a step ---------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
