@@ -51,6 +51,10 @@
 #   blas-choice      W3 and W2 at default flags (each dense layer's captured GEMMs through cuBLAS or cuBLASLt, as timed at
 #                    start-up) and with every GEMM on cuBLAS (--no-blas-choice), alternating, rounds BC_ROUNDS (default
 #                    "a b"), workloads BC_WORKLOADS (default "w3 w2")
+#   baseline         W3 and W2 at default flags from this tree and from the tree of BASE (default 8de9955, whose W3
+#                    median TPOT of 6.56 ms on an H200 is issue 26's baseline), alternating, rounds BASE_ROUNDS
+#                    (default "a b"): the goals on a card where the baseline figures were not taken. The baseline tree
+#                    is .gpucache/base-BASE (git archive BASE inference benchmarks | tar -x -C .gpucache/base-BASE)
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -250,6 +254,28 @@ for step in "$@"; do
         run_step $w-bc-off-$r 300 $TP $flags --no-blas-choice --output-json "$(name $w-blas-choice-off "" _$r)"
       done
     done ;;
+  baseline)
+    base=${BASE:-8de9955}; bdir=.gpucache/base-$base
+    [ -d "$bdir" ] || { echo "missing $bdir: git archive $base inference benchmarks | tar -x -C $bdir"; exit 2; }
+    mkdir -p "$bdir/.gpucache"
+    for d in qwen2.5-0.5b qwen2.5-7b; do ln -sfn "$PWD/.gpucache/$d" "$bdir/.gpucache/$d"; done
+    for r in ${BASE_ROUNDS:-a b}; do
+      for w in ${BASE_WORKLOADS:-w3 w2}; do
+        case $w in w2) flags=$W2 ;; *) flags=$W3 ;; esac
+        (cd "$bdir" && TESSERA_CACHE_DIR=/tmp/tessera-cache-base run_step $w-base-$r 300 $TP $flags \
+          --output-json "$(name $w-commit-$base "" _$r)")
+        run_step $w-head-$r 300 $TP $flags --output-json "$(name $w "" _$r)"
+      done
+    done
+    $PY - "$OUT" "$base" <<'EOF'
+import json, sys
+from pathlib import Path
+for path in Path(sys.argv[1]).glob(f"*-commit-{sys.argv[2]}_*.json"):
+    data = json.loads(path.read_text())
+    data["commit"] = sys.argv[2]
+    path.write_text(json.dumps(data, indent=1) + "\n")
+EOF
+    ;;
   window-lengths)
     for r in ${WL_ROUNDS:-a b}; do
       run_step w2-wl-all-$r 200 $TP $W2 --output-json "$(name w2-window-graphs-all "" _$r)"
