@@ -45,6 +45,8 @@
 #   w4a16-split-k    the W4A16 decode kernel's K split on gate_up and down at 1, 16 and 64 rows (w4a16_split_k.py)
 #   w4a16-tile-sweep the W4A16 tile kernel's tile width, warps, stages and K split on the 7B shape's four layers at
 #                    TS_ROWS rows (default "32 64"), against the default config and bf16 (w4a16_tile_sweep.py)
+#   w4a16-wide-sweep the same grid for the wide kernel (the weights as the MMA's B operand, triton_w4a16_wide), also
+#                    with 64-row blocks at fewer rows, against the tile kernel's default and bf16
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
@@ -238,6 +240,8 @@ for step in "$@"; do
   w4a16-split-k) run_step w4a16-split-k 300 $PY benchmarks/w4a16_split_k.py --output-json "$(name w4a16-split-k)" ;;
   w4a16-tile-sweep) run_step w4a16-tile-sweep 480 $PY benchmarks/w4a16_tile_sweep.py --rows ${TS_ROWS:-32 64} \
       --output-json "$(name w4a16-tile-sweep)" ;;
+  w4a16-wide-sweep) run_step w4a16-wide-sweep 480 $PY benchmarks/w4a16_tile_sweep.py --grid wide --rows ${TS_ROWS:-32 64} \
+      --output-json "$(name w4a16-wide-sweep)" ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
       for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do

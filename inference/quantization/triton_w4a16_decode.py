@@ -62,24 +62,13 @@ from .packing import PACK_K
 from .triton_splitk import _finish
 from .triton_w4a16_gemv import MAX_GEMV_ROWS, w4a16_gemv
 from .triton_w4a16_launch import DecodeConfig, decode_config, fit_config, plan_split_k, tile_config
+from .triton_w4a16_operand import _group_params, _tile_operand, _x_tile
+from .triton_w4a16_wide import _w4a16_wide_kernel
 
 MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
 # A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
 # 128.0 with a step of 1 (7 mantissa bits), float16 0x6400 is 1024.0 with a step of 1 (10 bits): OFFSET + c.
 _CODE_OFFSET = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
-
-
-@triton.jit
-def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.constexpr):
-    # scales_ptr: [G, N] float16 contiguous; qzeros_ptr: [G, N/8] int32, column n in bits 4(n%8).. of word n//8
-    if EVEN_N:
-        s = tl.load(scales_ptr + group * N + offs_n).to(tl.float32)
-        zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8)
-    else:
-        s = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        zp = tl.load(qzeros_ptr + group * (N // 8) + offs_n // 8, mask=mask_n, other=0)
-    z = ((zp >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
-    return s, z * s, z
 
 
 @triton.jit
@@ -213,85 +202,6 @@ def _w4a16_decode_kernel(
 
 
 @triton.jit
-def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
-    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact), as
-    # one packed subtraction. ASM: the PTX instruction (compiled kernels); else the same bits computed
-    # element by element (Triton's interpreter, which runs no PTX).
-    if ASM:
-        if BF16:
-            out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            out = tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        dtype = tl.bfloat16 if BF16 else tl.float16
-        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
-        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
-        out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
-    return out
-
-
-@triton.jit
-def _code_pairs(w, MAGIC: tl.constexpr):
-    # (w & 0x000F000F) | OFFSET's bits in both halves: two 16-bit floats OFFSET + code, one lop3 (0xEA: a & b | c).
-    if MAGIC == 0x4300:  # bfloat16 128.0
-        out = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x43004300, 0xEA;", "=r,r", [w],
-                                        dtype=tl.int32, is_pure=True, pack=1)
-    else:                # float16 1024.0
-        out = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x64006400, 0xEA;", "=r,r", [w],
-                                        dtype=tl.int32, is_pure=True, pack=1)
-    return out
-
-
-@triton.jit
-def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
-                  BF16: tl.constexpr = False, ASM: tl.constexpr = False):
-    # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
-    # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
-    # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
-    # trailing axes and moving them into place is a relabelling of registers, not a data movement.
-    # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
-    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
-    w = tl.reshape(words, (BLOCK_N, 2, 8))
-    if ASM and not FP32:  # mask and OFFSET in one lop3 (ptxas does not merge an AND and an OR of two constants)
-        pairs = tl.join(tl.join(_code_pairs(w, MAGIC), _code_pairs(w >> 4, MAGIC)),
-                        tl.join(_code_pairs(w >> 8, MAGIC), _code_pairs(w >> 12, MAGIC)))
-    else:
-        pairs = tl.join(tl.join(w & 0x000F000F, (w >> 4) & 0x000F000F),
-                        tl.join((w >> 8) & 0x000F000F, (w >> 12) & 0x000F000F))  # [BN, h, p, j0, j1]
-        if not FP32:
-            pairs = pairs | (MAGIC * 0x10001)
-    if FP32:
-        rows = tl.join(((pairs & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
-                       ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
-        if zero is not None:
-            rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
-    else:
-        if zero is not None:
-            zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
-            pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
-        rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
-    return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
-
-
-@triton.jit
-def _x_tile(x_ptr, perm_ptr, t, offs_kk, offs_m, mask_m, stride_xm, last, K, HAS_PERM: tl.constexpr,
-            EVEN_K: tl.constexpr):
-    # x^T tile [128, BLOCK_M]: input rows 128t .. 128t + 127; zeros past the split's last tile and K
-    offs_k = t * 128 + offs_kk
-    if HAS_PERM:
-        cols = tl.load(perm_ptr + offs_k, mask=(offs_k < K) & (t < last), other=0)
-    else:
-        cols = offs_k
-    if EVEN_K:
-        mask = mask_m[None, :] & (t < last)
-    else:
-        mask = mask_m[None, :] & ((offs_k < K) & (t < last))[:, None]
-    return tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + cols[:, None], mask=mask, other=0.0)
-
-
-@triton.jit
 def _tile_sums(xt, BLOCK_N: tl.constexpr, X_SUMS: tl.constexpr):
     # sum(x) over the tile's 128 rows, float32: [1, BLOCK_M] summed from the x tile (X_SUMS), or [BLOCK_N, BLOCK_M]
     # from an MMA against an all-ones A
@@ -419,7 +329,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         config, chosen = tile_config(M, N, K, num_sms), True
     if chosen:
         config = fit_config(config, x.dtype, _capability(x.device))
-    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+    block_m = config.block_m or (16 if M <= 16 else 32 if M <= 32 else 64)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,
                         "W4A16 decode kernel")
@@ -437,7 +347,10 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
                 EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.tile_mma and group_size % PACK_K == 0:
+    if config.wide and group_size % PACK_K == 0:
+        kernel, meta["ASM"] = _w4a16_wide_kernel, not triton.knobs.runtime.interpret
+        del meta["OFFSET"]
+    elif config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
         meta["PREFETCH"], meta["X_IN_LOOP"] = config.prefetch, config.x_in_loop
         meta["ASM"] = not triton.knobs.runtime.interpret

@@ -60,6 +60,8 @@ class DecodeConfig:
     prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
     x_in_loop: bool = False  # tile kernel: x tiles async-copied by Triton's pipeliner, not loaded ahead into registers
     gemv: bool = False  # up to 4 rows, groups of a multiple of 128: the CUDA-core kernel (triton_w4a16_gemv)
+    wide: bool = False  # groups of a multiple of 128: the weights as the MMA's B operand (triton_w4a16_wide)
+    block_m: int = 0  # rows a program takes (0: 16, 32 or 64 by the row count)
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
@@ -97,13 +99,14 @@ def fit_config(config: DecodeConfig, dtype: torch.dtype, capability: tuple[int, 
     """``config`` (a ``decode_config`` or ``tile_config`` choice, timed on an H100) made to run with ``dtype``
     activations on a GPU of compute ``capability``: float32 x tiles stay out of the pipeline (``x_in_loop``
     would hold 112-184 KB of shared memory, over the 99 KB of an sm_86/sm_89 block), and before sm_90 bfloat16
-    takes the zero point off after the MMA (``x_sums``), as ``sub.bf16x2`` needs sm_90."""
+    takes the zero point off after the MMA (``x_sums``) in the tile kernel, not the wide one, as ``sub.bf16x2``
+    needs sm_90."""
     if config.gemv:
         return config
     if dtype == torch.float32 and config.x_in_loop:
         config = replace(config, x_in_loop=False)
-    if dtype == torch.bfloat16 and config.zero_in_regs and tuple(capability) < (9, 0):
-        config = replace(config, zero_in_regs=False, x_sums=True)
+    if dtype == torch.bfloat16 and (config.zero_in_regs or config.wide) and tuple(capability) < (9, 0):
+        config = replace(config, zero_in_regs=False, x_sums=True, wide=False)
     return config
 
 
