@@ -43,6 +43,8 @@ inside CUDA graphs. ``DecodeConfig(gemv=True)`` (``decode_config``'s choice for 
 layers) sends up to four rows to the CUDA-core kernel of ``triton_w4a16_gemv`` instead (same layout and
 epilogue, no MMA); rows, groups or a K that it does not take go to the tile kernel's config.
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
+``DecodeConfig(wide=True)`` sends groups of a multiple of 128 rows to ``triton_w4a16_wide`` instead, which
+takes the weights as the MMA's B operand and x as A (for 17-64 rows; see that module).
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
 (``int4.Int4LinearMethod``). Sources: the reduction by the last-arriving program is the "fixup" of
