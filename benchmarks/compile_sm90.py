@@ -97,7 +97,7 @@ def main() -> None:
     for block_m, block_n, warps in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (64, 256, 8)):
         report(f"wide BM{block_m} BN{block_n} w{warps}", _w4a16_wide_kernel,
                dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True,
-                    MAGIC=0x4300, EVEN_K=True, EVEN_N=True, ASM=True), warps, 3,
+                    MAGIC=0x4300, EVEN_K=True, EVEN_N=True, ASM=True, SCALE_IN_B=block_m == 64), warps, 3,
                weights_per_thread=16 * block_n * 8 // (32 * warps))
     for block_m, block_n, warps in ((1, 128, 4), (1, 64, 4), (1, 256, 8), (2, 128, 4), (4, 64, 4)):
         for prefetch in (True, False):

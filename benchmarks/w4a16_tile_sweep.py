@@ -1,7 +1,8 @@
 """The W4A16 tile kernel's launch grid at 32-64 rows (batch 32/64 decode steps, the seed's 50 running requests): output
 tile width, warps, pipeline stages and K split, on the four linear layers of the
 Qwen2.5-7B shape, against ``decode_config``'s choice and bf16 cuBLAS. ``--grid wide`` sweeps the wide kernel instead
-(``triton_w4a16_wide``: the weights as the MMA's B operand), also with 64-row blocks at fewer rows. Each config is timed as a CUDA graph of calls
+(``triton_w4a16_wide``: the weights as the MMA's B operand), also with 64-row blocks at fewer rows and with the
+scale folded into the operand (``_sib``). Each config is timed as a CUDA graph of calls
 that cycle through enough copies of the layer to exceed the L2 cache (median of 5 timings, us a call), and its
 output is checked against the default config's. Needs a GPU.
 
@@ -29,7 +30,8 @@ from inference.quantization.triton_w4a16_launch import decode_config  # noqa: E4
 SHAPES = {"qkv": (3584, 4608), "o": (3584, 3584), "gate_up": (3584, 37888), "down": (18944, 3584)}  # K, N
 L2_BYTES = 160 * 2**20  # the copies of a layer that one graph cycles through hold at least this much int4 weight
 GRID = {"block_n": (64, 128, 256), "num_warps": (4, 8), "num_stages": (3, 4), "split_k": (1, 2, 4)}
-GRIDS = {"tile": GRID, "wide": {**GRID, "block_m": (0, 64)}}
+GRIDS = {"tile": GRID, "wide": {"block_n": (128, 256), "num_warps": (4, 8), "num_stages": (3,), "split_k": (1, 2, 4),
+                                 "block_m": (0, 64), "scale_in_b": (False, True)}}
 
 
 def main() -> None:
@@ -66,8 +68,8 @@ def main() -> None:
                 config = replace(default, **dict(zip(grid, values)), wide=args.grid == "wide")
                 if config.block_m and config.block_m <= M:
                     continue  # the row count's own block
-                label = "bn{}_w{}_st{}_sk{}".format(*values[:4])
-                configs[label + (f"_bm{config.block_m}" if config.block_m else "")] = config
+                label = "bn{}_w{}_st{}_sk{}".format(*values[:4]) + (f"_bm{config.block_m}" if config.block_m else "")
+                configs[label + ("_sib" if config.scale_in_b else "")] = config
             for label, config in configs.items():
                 try:
                     err = ((run(config, layers[0]).float() - reference).abs().max() /

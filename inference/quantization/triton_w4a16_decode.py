@@ -351,6 +351,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.wide and group_size % PACK_K == 0:
         kernel, meta["ASM"] = _w4a16_wide_kernel, not triton.knobs.runtime.interpret
+        meta["SCALE_IN_B"] = config.scale_in_b
         del meta["OFFSET"]
     elif config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums

@@ -62,6 +62,7 @@ class DecodeConfig:
     gemv: bool = False  # up to 4 rows, groups of a multiple of 128: the CUDA-core kernel (triton_w4a16_gemv)
     wide: bool = False  # groups of a multiple of 128: the weights as the MMA's B operand (triton_w4a16_wide)
     block_m: int = 0  # rows a program takes (0: 16, 32 or 64 by the row count)
+    scale_in_b: bool = False  # wide kernel: the scale folded into the operand, one accumulating MMA chain
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:

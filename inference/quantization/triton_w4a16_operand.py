@@ -43,6 +43,32 @@ def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _mul_pairs(pairs, scale_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
+    # Two 16-bit floats per int32 times two others, rounded to nearest even: one packed multiply (ASM), or the same
+    # bits element by element (the interpreter).
+    if ASM:
+        if BF16:
+            out = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, scale_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            out = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, scale_pairs],
+                                            dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        dtype = tl.bfloat16 if BF16 else tl.float16
+        lo = (_half_value(pairs, dtype) * _half_value(scale_pairs, dtype)).to(dtype).to(tl.int16, bitcast=True)
+        hi = (_half_value(pairs >> 16, dtype) * _half_value(scale_pairs >> 16, dtype)).to(dtype).to(tl.int16,
+                                                                                                  bitcast=True)
+        out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
+    return out
+
+
+@triton.jit
+def _half_value(bits, dtype: tl.constexpr):
+    # The 16-bit float in the low half of an int32, as float32
+    return (bits & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _code_pairs(w, MAGIC: tl.constexpr):
     # (w & 0x000F000F) | OFFSET's bits in both halves: two 16-bit floats OFFSET + code, one lop3 (0xEA: a & b | c).
     if MAGIC == 0x4300:  # bfloat16 128.0
@@ -56,13 +82,15 @@ def _code_pairs(w, MAGIC: tl.constexpr):
 
 @triton.jit
 def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
-                  BF16: tl.constexpr = False, ASM: tl.constexpr = False):
+                  BF16: tl.constexpr = False, ASM: tl.constexpr = False, scale=None):
     # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
     # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
     # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
     # trailing axes and moving them into place is a relabelling of registers, not a data movement.
     # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
-    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
+    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split). With ``scale`` too
+    # ([BLOCK_N] float32), (code - zero) * scale: the dequantized weight (16-bit: the scale rounded to the operand's
+    # dtype, then one packed multiply per register, ``_mul_pairs``, rounded once, as dequantizing to x's dtype).
     w = tl.reshape(words, (BLOCK_N, 2, 8))
     if ASM and not FP32:  # mask and OFFSET in one lop3 (ptxas does not merge an AND and an OR of two constants)
         pairs = tl.join(tl.join(_code_pairs(w, MAGIC), _code_pairs(w >> 4, MAGIC)),
@@ -77,10 +105,16 @@ def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.co
                        ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
         if zero is not None:
             rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
+        if scale is not None:
+            rows = rows * scale[:, None, None, None, None, None]
     else:
         if zero is not None:
             zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
             pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
+        if scale is not None:
+            bits = scale.to(tl.bfloat16 if BF16 else tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            scale_pairs = tl.broadcast_to((bits | (bits << 16))[:, None, None, None, None], pairs.shape)
+            pairs = _mul_pairs(pairs, scale_pairs, BF16, ASM)
         rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
     return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
 

@@ -49,9 +49,11 @@ def _w4a16_wide_kernel(
     M, N, K, G, stride_xm, tiles_per_split,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr, EVEN_K: tl.constexpr,
-    EVEN_N: tl.constexpr, ASM: tl.constexpr,
+    EVEN_N: tl.constexpr, ASM: tl.constexpr, SCALE_IN_B: tl.constexpr,
 ):
-    # Arguments as triton_w4a16_decode._w4a16_decode_kernel; GROUP_SIZE a multiple of 128.
+    # Arguments as triton_w4a16_decode._w4a16_decode_kernel; GROUP_SIZE a multiple of 128. SCALE_IN_B: the group's
+    # scale multiplies the operand (the dequantized weight, as the reference rounds it), so that every MMA adds
+    # into one accumulator and the next tile's unpacking need not wait for this tile's MMA to finish.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -72,7 +74,14 @@ def _w4a16_wide_kernel(
             words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
         w_ptrs += 16 * N
         s, _, z = _group_params(scales_ptr, qzeros_ptr, (t * 128) // GROUP_SIZE, offs_n, mask_n, N, EVEN_N)
-        if x.dtype == tl.float32:
+        if SCALE_IN_B:
+            a = _tile_operand(words, MAGIC, BLOCK_N, x.dtype == tl.float32, z.to(tl.int32), x.dtype == tl.bfloat16,
+                              ASM, s)
+            if x.dtype == tl.float32:
+                acc = tl.dot(x, tl.trans(a), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(a.to(x.dtype, bitcast=True)), acc)
+        elif x.dtype == tl.float32:
             a = _tile_operand(words, MAGIC, BLOCK_N, True, z.to(tl.int32))
             acc += tl.dot(x, tl.trans(a), input_precision="ieee") * s[None, :]
         else:

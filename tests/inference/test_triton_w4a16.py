@@ -125,13 +125,16 @@ def test_decode_tile_kernel_loop_variants_match_the_reference(x_sums, prefetch, 
     (64, 768, 64, 256, 3, torch.float16, 64, 0),
     (20, 256, 64, 128, 1, torch.bfloat16, 32, 64),
 ])
-def test_wide_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, block_m):
+# the scale applied to the MMA's result, or folded into the operand (one accumulating MMA chain)
+@pytest.mark.parametrize("scale_in_b", [False, True])
+def test_wide_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, block_m,
+                                                    scale_in_b):
     torch.manual_seed(M + K)
     qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
     x = torch.randn(M, K, device=DEVICE).to(dtype)
     bias = torch.randn(N, device=DEVICE).to(dtype)
     counters = torch.zeros(16, dtype=torch.int32, device=DEVICE)
-    config = DecodeConfig(block_n, split_k, wide=True, block_m=block_m)
+    config = DecodeConfig(block_n, split_k, wide=True, block_m=block_m, scale_in_b=scale_in_b)
     out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, counters=counters, config=config)
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float() + bias.float(), **TOL[dtype])
@@ -433,7 +436,7 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
     for dtype, rows in itertools.product((torch.bfloat16, torch.float16), (20, 40)):
         with record_launches() as recorded:  # the wide kernel: mma.sync at 32-row blocks, wgmma at 64
             w4a16_decode(torch.randn(rows, 256).to(dtype), qweight, scales, qzeros, 128,
-                         config=DecodeConfig(128, 2, wide=True))
+                         config=DecodeConfig(128, 2, wide=True, scale_in_b=rows > 32))
         for launch in recorded:
             launch["args"]["ASM"] = {"const": True}
         launches += recorded
