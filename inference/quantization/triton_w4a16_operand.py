@@ -24,40 +24,34 @@ def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.c
 
 @triton.jit
 def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
-    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact), as
-    # one packed subtraction. ASM: the PTX instruction (compiled kernels); else the same bits computed
-    # element by element (Triton's interpreter, which runs no PTX).
-    if ASM:
-        if BF16:
-            out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            out = tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, zero_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        dtype = tl.bfloat16 if BF16 else tl.float16
-        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
-        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
-        out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
-    return out
+    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact)
+    return _pair_op(pairs, zero_pairs, "sub", BF16, ASM)
 
 
 @triton.jit
 def _mul_pairs(pairs, scale_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
-    # Two 16-bit floats per int32 times two others, rounded to nearest even: one packed multiply (ASM), or the same
-    # bits element by element (the interpreter).
+    # Two 16-bit floats per int32 times two others, rounded to nearest even
+    return _pair_op(pairs, scale_pairs, "mul", BF16, ASM)
+
+
+@triton.jit
+def _pair_op(a, b, OP: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr):
+    # OP ("sub" or "mul") on the two 16-bit floats of each int32 of a and b: one packed PTX instruction (ASM,
+    # compiled kernels), or the same bits element by element in float32, rounded to nearest even (Triton's
+    # interpreter, which runs no PTX).
     if ASM:
-        if BF16:
-            out = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pairs, scale_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            out = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [pairs, scale_pairs],
-                                            dtype=tl.int32, is_pure=True, pack=1)
+        out = tl.inline_asm_elementwise(OP + (".rn.bf16x2" if BF16 else ".rn.f16x2") + " $0, $1, $2;", "=r,r,r",
+                                        [a, b], dtype=tl.int32, is_pure=True, pack=1)
     else:
         dtype = tl.bfloat16 if BF16 else tl.float16
-        lo = (_half_value(pairs, dtype) * _half_value(scale_pairs, dtype)).to(dtype).to(tl.int16, bitcast=True)
-        hi = (_half_value(pairs >> 16, dtype) * _half_value(scale_pairs >> 16, dtype)).to(dtype).to(tl.int16,
-                                                                                                  bitcast=True)
+        if OP == "sub":
+            lo = _half_value(a, dtype) - _half_value(b, dtype)
+            hi = _half_value(a >> 16, dtype) - _half_value(b >> 16, dtype)
+        else:
+            lo = _half_value(a, dtype) * _half_value(b, dtype)
+            hi = _half_value(a >> 16, dtype) * _half_value(b >> 16, dtype)
+        lo = lo.to(dtype).to(tl.int16, bitcast=True)
+        hi = hi.to(dtype).to(tl.int16, bitcast=True)
         out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
     return out
 

@@ -225,7 +225,8 @@ def test_decode_kernels_lop3_sets_the_mantissa_of_each_dtypes_offset():
     import re
 
     from inference.quantization import triton_w4a16_decode as decode
-    source = inspect.getsource(decode._code_pairs.fn)
+    from inference.quantization import triton_w4a16_operand as operand
+    source = inspect.getsource(operand._code_pairs.fn)
     found = re.findall(r'lop3\.b32 \$0, \$1, (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+), (0x[0-9A-Fa-f]+);', source)
     assert len(found) == 2
     words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1000,), dtype=torch.int64).tolist()
