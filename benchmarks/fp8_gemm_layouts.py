@@ -10,7 +10,8 @@ With ``--triton-sweep``, up to 256 rows, also the Triton FP8 GEMM (``triton_fp8_
 tiles and K splits (``triton_bm{M}_bn{N}_sk{S}``; the best one printed per row count).
 
 Each case is checked against the float32 emulation of both quantized operands (``rel_err``), and timed
-as ``quant_kernels.py`` does: CUDA graph replay over enough weight copies that L2 cannot hold them.
+as ``quant_kernels.py`` does (``kernel_timing.graph_ms``): CUDA graph replay over enough weight copies
+that L2 cannot hold them.
 The per-token activation quantization is done once, outside the timing (the same for both orders).
 
     python benchmarks/fp8_gemm_layouts.py --model .gpucache/qwen2.5-7b --output-json OUT.json  # H200
@@ -32,7 +33,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_kernels import ROTATE_BYTES, _graph_ms, _rel_err, linear_shapes, model_config  # noqa: E402
+from kernel_timing import ROTATE_BYTES, graph_ms, rel_err  # noqa: E402
+from quant_kernels import linear_shapes, model_config  # noqa: E402
 
 from inference.quantization.fp8 import quantize_fp8_rowwise  # noqa: E402
 
@@ -96,15 +98,15 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], layouts: bool
         x = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         xq, xs = quantize_fp8_rowwise(x)
         ref = (xq.float() * xs) @ (fp8[0][0].float() * fp8[0][1]).t()
-        row = {"bf16": {"ms": _graph_ms([lambda w=w: F.linear(x, w) for w in weights])}}
+        row = {"bf16": {"ms": graph_ms([lambda w=w: F.linear(x, w) for w in weights])}}
         row["bf16"]["weight_GBps"] = 2 * K * N / row["bf16"]["ms"] / 1e6
         calls = _orders(xq, xs) if layouts else {"fp8": _orders(xq, xs)["fp8"]}
         if triton_sweep:
             calls.update(_triton_calls(xq, xs, N, _triton_configs(T, wide)))
         for kernel, fn in calls.items():
             try:
-                err = _rel_err(fn(fp8[0][0], fp8[0][1].view(-1)), ref)
-                ms = _graph_ms([lambda c=c, s=s, fn=fn: fn(c, s.view(-1)) for c, s in fp8])
+                err = rel_err(fn(fp8[0][0], fp8[0][1].view(-1)), ref)
+                ms = graph_ms([lambda c=c, s=s, fn=fn: fn(c, s.view(-1)) for c, s in fp8])
             except Exception as exc:  # noqa: BLE001 - e.g. a row count cuBLASLt refuses, a tile over shared memory
                 row[kernel] = {"error": str(exc).splitlines()[0][:200]}
                 continue

@@ -4,8 +4,9 @@
 At Qwen2.5-0.5B's hidden size (896) a decode step's products are a few microseconds each, and cuBLAS's
 128-wide output tiles leave most of the H200's 132 SMs idle on the thin layers (qkv 1,152 outputs, o and
 down 896). ``triton_fp8_gemm.splitk_gemm`` runs the FP8 GEMM's tiles and K split on bf16 operands. Each
-case is checked against the float32 product (``rel_err``) and timed as ``quant_kernels.py`` does: CUDA
-graph replay over enough weight copies that L2 cannot hold them (a decode step reads each weight once).
+case is checked against the float32 product (``rel_err``) and timed as ``quant_kernels.py`` does
+(``kernel_timing.graph_ms``): CUDA graph replay over enough weight copies that L2 cannot hold them (a decode
+step reads each weight once).
 
     python benchmarks/gemm_sweep.py --model .gpucache/qwen2.5-0.5b --batch-sizes 64 128 256 --output-json OUT.json
 """
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_kernels import ROTATE_BYTES, _graph_ms, _rel_err, linear_shapes, model_config  # noqa: E402
+from kernel_timing import ROTATE_BYTES, graph_ms, rel_err  # noqa: E402
+from quant_kernels import linear_shapes, model_config  # noqa: E402
 
 
 def _configs(T: int) -> dict:
@@ -47,20 +49,20 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], blas_librarie
     for T in batch_sizes:
         x = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         ref = x.float() @ weights[0].float().t()
-        ms = _graph_ms([lambda w=w: F.linear(x, w) for w in weights])
+        ms = graph_ms([lambda w=w: F.linear(x, w) for w in weights])
         row = {"cublas": {"ms": ms, "weight_GBps": 2 * K * N / ms / 1e6}}
         default_library = torch.backends.cuda.preferred_blas_library()
         for library in blas_libraries:  # the same F.linear through another BLAS front end
             torch.backends.cuda.preferred_blas_library(library)
             try:
-                ms = _graph_ms([lambda w=w: F.linear(x, w) for w in weights])
+                ms = graph_ms([lambda w=w: F.linear(x, w) for w in weights])
                 row[f"blas_{library}"] = {"ms": ms, "weight_GBps": 2 * K * N / ms / 1e6}
             finally:
                 torch.backends.cuda.preferred_blas_library(default_library)
         for kname, config in (_configs(T) if triton_grid else {}).items():
             try:
-                err = _rel_err(splitk_gemm(x, weights[0], config, counters=counters), ref)
-                ms = _graph_ms([lambda w=w, c=config: splitk_gemm(x, w, c, counters=counters) for w in weights])
+                err = rel_err(splitk_gemm(x, weights[0], config, counters=counters), ref)
+                ms = graph_ms([lambda w=w, c=config: splitk_gemm(x, w, c, counters=counters) for w in weights])
             except Exception as exc:  # noqa: BLE001 - e.g. a tile over shared memory
                 row[kname] = {"error": str(exc).splitlines()[0][:200]}
                 continue

@@ -4,7 +4,7 @@ A decode step of W2's model (Qwen2.5-0.5B shape) runs 24 layers of 11 kernels pl
 about 270 launches, each replayed from a CUDA graph. This measures what one such launch costs when its own
 work is nil, the floor under each of them: chains of ``--chain`` launches of a Triton kernel that stores one
 element (one program, and one program per SM), and of a 1 x 64 x 64 bf16 GEMM through cuBLAS, each chain
-captured in one CUDA graph and replayed (median of 5 timings of 4 replays; ``quant_kernels._graph_ms``).
+captured in one CUDA graph and replayed (median of 5 timings of 4 replays; ``kernel_timing.graph_ms``).
 Results in microseconds per launch.
 
     python benchmarks/launch_floor.py --output-json benchmarks/results/launch_floor_h200.json
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quant_kernels import _graph_ms  # noqa: E402
+from kernel_timing import graph_ms  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
               "device": torch.cuda.get_device_name(device), "us_per_launch": {}}
     for name, call in cases.items():
         for n in args.chain:
-            us = 1000 * _graph_ms([call] * n)
+            us = 1000 * graph_ms([call] * n)
             result["us_per_launch"][f"{name}_chain_{n}"] = us
             print(f"{name:>32} x{n:4d}: {us:6.2f} us a launch", flush=True)
     if args.output_json:

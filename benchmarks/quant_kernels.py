@@ -35,8 +35,9 @@ from inference.quantization.fp8 import Fp8LinearMethod  # noqa: E402
 from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
 from inference.quantization.linear import QuantizedLinear  # noqa: E402
 
+from kernel_timing import ROTATE_BYTES, graph_ms, int4_bytes, rel_err  # noqa: E402
+
 DEVICE = "cuda"
-ROTATE_BYTES = 256 << 20
 # (block_n, split_k, num_warps) per kernel variant, around the winners of the first sweep (64 columns split 8-16 ways
 # for the thin layers, 128 columns split 2-4 ways for gate_up); 256-wide tiles and 2 warps never won.
 SWEEP_TILES = ((64, 4, 4), (64, 8, 4), (64, 16, 4), (128, 1, 4), (128, 2, 4), (128, 4, 4), (128, 8, 4),
@@ -82,33 +83,6 @@ def _layers(K: int, N: int, copies: int, device: str):
     return out
 
 
-def _graph_ms(calls: list) -> float:
-    """Milliseconds per call of ``calls`` (closures) replayed from one CUDA graph, median of 5 timings."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(4):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / (4 * len(calls)))
-    return sorted(times)[2]
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-12)).item()
-
-
 def _fp8_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     from inference.quantization.fp8 import quantize_fp8_rowwise
     codes, scales = quantize_fp8_rowwise(x)
@@ -124,24 +98,23 @@ def bench_shape(name: str, K: int, N: int, batch_sizes: list[int], sweep: bool, 
     bf16_bytes = 2 * K * N
     copies = max(2, min(32, math.ceil(ROTATE_BYTES / (K * N // 2))))  # the int4 copies alone overflow L2
     layers = _layers(K, N, copies, DEVICE)
-    int4_bytes = sum(t.numel() * t.element_size() for t in (layers[0][1].qweight, layers[0][1].scales,
-                                                              layers[0][1].qzeros))
-    result = {"K": K, "N": N, "weight_copies": copies, "int4_weight_bytes": int4_bytes, "rows": {}}
+    int4_weight_bytes = int4_bytes(layers[0][1])
+    result = {"K": K, "N": N, "weight_copies": copies, "int4_weight_bytes": int4_weight_bytes, "rows": {}}
     for M in batch_sizes:
         x = torch.randn(M, K, device=DEVICE).to(torch.bfloat16)
         weight, int4, fp8 = layers[0]
         dense = int4.method.dequantized_weight(int4, torch.float32)
         kernels = {  # name: (call on one (bf16 weight, int4 layer, fp8 layer) copy, reference, weight bytes)
             "bf16": (lambda w, i, f: F.linear(x, w), x.float() @ weight.float().t(), bf16_bytes),
-            "w4a16": (lambda w, i, f: i(x), x.float() @ dense, int4_bytes),
+            "w4a16": (lambda w, i, f: i(x), x.float() @ dense, int4_weight_bytes),
             "w4a16_gemm": (lambda w, i, f: w4a16_gemm(x, i.qweight, i.scales, i.qzeros, 128, num_sms),
-                           x.float() @ dense, int4_bytes),
+                           x.float() @ dense, int4_weight_bytes),
             "fp8": (lambda w, i, f: f(x), _fp8_reference(fp8, x), K * N),
         }
         row = {}
         for kernel, (fn, ref, nbytes) in kernels.items():
-            err = _rel_err(fn(weight, int4, fp8), ref)
-            ms = _graph_ms([lambda w=w, i=i, f=f, fn=fn: fn(w, i, f) for w, i, f in layers])
+            err = rel_err(fn(weight, int4, fp8), ref)
+            ms = graph_ms([lambda w=w, i=i, f=f, fn=fn: fn(w, i, f) for w, i, f in layers])
             row[kernel] = {"ms": ms, "weight_GBps": nbytes / ms / 1e6, "rel_err": err, "ok": err < 2e-2}
         row["w4a16_speedup_vs_bf16"] = row["bf16"]["ms"] / row["w4a16"]["ms"]
         if sweep and M <= MAX_DECODE_ROWS:
@@ -169,7 +142,7 @@ def _sweep(layers, x: torch.Tensor, ref: torch.Tensor, DecodeConfig, w4a16_decod
         calls = [lambda i=i: w4a16_decode(x, i.qweight, i.scales, i.qzeros, 128, counters=i.split_k_counters,
                                           config=config) for _, i, _ in layers]
         name = f"{'tile' if tile_mma else 'chunk'}_n{block_n}_s{split_k}_w{warps}"
-        timings[name] = _graph_ms(calls) if _rel_err(calls[0](), ref) < 2e-2 else None  # a wrong one cannot win
+        timings[name] = graph_ms(calls) if rel_err(calls[0](), ref) < 2e-2 else None  # a wrong one cannot win
     best = min((name for name, ms in timings.items() if ms is not None), key=timings.get)
     by_variant = {}  # "chunk" / "tile": (best config of that kernel, us)
     for name, ms in timings.items():

@@ -17,8 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 
 from provenance import current_commit  # noqa: E402
-from quant_kernels import _graph_ms  # noqa: E402
-from w4a16_sweep import _int4_layer  # noqa: E402
+from kernel_timing import graph_ms, int4_layer  # noqa: E402
 
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_launch import decode_config  # noqa: E402
@@ -28,8 +27,8 @@ SPLITS = (1, 2, 3, 4, 6, 8, 16)
 
 
 def graph_us(fn, reps: int = 20) -> float:
-    """Microseconds a call of ``fn``: ``reps`` calls replayed from one CUDA graph (quant_kernels' timing)."""
-    return 1e3 * _graph_ms([fn] * reps)
+    """Microseconds a call of ``fn``: ``reps`` calls replayed from one CUDA graph (``kernel_timing.graph_ms``)."""
+    return 1e3 * graph_ms([fn] * reps)
 
 
 def main() -> None:
@@ -40,7 +39,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name, (K, N) in SHAPES.items():
-        layer = _int4_layer(K, N, generator, "cuda")
+        layer = int4_layer(K, N, generator, "cuda")
         w16 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         for M in (1, 16, 64):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

@@ -26,7 +26,7 @@ from inference.quantization.triton_w4a16_decode import _group_params, _tile_oper
 from inference.quantization.triton_w4a16_launch import DecodeConfig  # noqa: E402
 
 from provenance import current_commit  # noqa: E402
-from quant_kernels import _graph_ms  # noqa: E402
+from kernel_timing import graph_ms  # noqa: E402
 
 SHAPES = (("gate_up", 3584, 37888, 128, 2), ("down", 18944, 3584, 64, 8))  # name, K, N, BLOCK_N, splits
 STAGES = ((1, 0, 1, 1), (1, 1, 1, 1), (1, 0, 1, 0), (0, 0, 1, 0), (0, 0, 0, 0), (1, 0, 0, 0))  # dot, xonce, deq, scale
@@ -77,7 +77,7 @@ def _probe_kernel(x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, out_ptr, M, N, K, 
 def _us(calls) -> float:
     """Microseconds a call, replayed from one CUDA graph (the weights rotate over copies, so that they come from
     HBM, not L2)."""
-    return 1000 * _graph_ms(calls)
+    return 1000 * graph_ms(calls)
 
 
 def main() -> None:

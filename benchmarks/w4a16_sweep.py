@@ -15,8 +15,8 @@ Shapes go one at a time, checks then timings, the largest first. About 100 kerne
 on the way (a few minutes on a fresh machine with the decode-config sweep, which ``--budget-s`` cuts short).
 
 Timing replays one CUDA graph of calls over enough copies of the weights (>= 256 MiB) that L2 cannot serve
-them, as in a decode step (quant_kernels.py's method). A failing case is recorded with its error and skipped;
-the JSON is rewritten after every shape, so a run cut short keeps what it measured.
+them, as in a decode step (quant_kernels.py's method, ``kernel_timing.calls_ms``). A failing case is recorded with
+its error and skipped; the JSON is rewritten after every shape, so a run cut short keeps what it measured.
 
     python benchmarks/w4a16_sweep.py --output-json /tmp/out/w4a16-sweep_h200_DATE.json     # GPU
     python benchmarks/w4a16_sweep.py --smoke       # CPU, Triton's interpreter, tiny shapes: the script runs
@@ -45,9 +45,7 @@ if "--smoke" in sys.argv:
     from tests.inference.triton_interpreter import fix_interpreter  # noqa: E402
     fix_interpreter()
 
-from inference.quantization import QuantizationConfig, packing  # noqa: E402
-from inference.quantization.int4 import Int4LinearMethod  # noqa: E402
-from inference.quantization.linear import QuantizedLinear  # noqa: E402
+from kernel_timing import GROUP, ROTATE_BYTES, calls_ms, int4_bytes, int4_layer, rel_err  # noqa: E402
 
 # Qwen2.5-7B: hidden 3584, intermediate 18944, 28 query heads and 4 KV heads of 128
 # (K, N), the largest first: a run cut short keeps the shapes that weigh most in a decode step
@@ -57,47 +55,6 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 2048)
 SMOKE_ROWS = (1, 16, 64, 130)
 SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64)  # at 2 and 4 rows only the default and the GEMV kernel's configs
 CHECK_ROWS = (1, 16, 64, 256)  # the decode kernel's 16- and 64-row blocks, the GEMM and dequantize paths
-ROTATE_BYTES = 256 << 20
-GROUP = 128
-
-
-def _int4_bytes(layer: QuantizedLinear) -> int:
-    return sum(t.numel() * t.element_size() for t in (layer.qweight, layer.scales, layer.qzeros))
-
-
-def _int4_layer(K: int, N: int, generator: torch.Generator, device: str, desc_act: bool = False) -> QuantizedLinear:
-    """A loaded AWQ layer (GPTQ with a shuffled ``g_idx`` when ``desc_act``) of random codes, scales in
-    [0.002, 0.006] and random zero points, in the engine's internal layout."""
-    method = "gptq" if desc_act else "awq"
-    with torch.device(device):
-        layer = QuantizedLinear(K, N, False, Int4LinearMethod(QuantizationConfig(method, group_size=GROUP,
-                                                                                desc_act=desc_act)),
-                                torch.bfloat16)
-        layer.init_dummy(generator)
-        with torch.no_grad():
-            layer.scales.uniform_(0.002, 0.006, generator=generator)
-            layer.qzeros.random_(-2 ** 31, 2 ** 31 - 1, generator=generator)
-            if desc_act:
-                order = torch.randperm(K, generator=generator, device=device)
-                layer.g_idx.copy_(packing.group_index(K, GROUP, device)[order])
-        layer.method.process_weights_after_loading(layer)
-    return layer
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-12)).item()
-
-
-def _ms(calls: list, device: str) -> float:
-    """Milliseconds per call: replayed from one CUDA graph of ``calls``, median of 5 timings of 4 replays
-    (CPU smoke runs: one wall-clock pass)."""
-    if device == "cuda":
-        from quant_kernels import _graph_ms
-        return _graph_ms(calls)
-    start = time.perf_counter()
-    for call in calls:
-        call()
-    return 1000 * (time.perf_counter() - start) / len(calls)
 
 
 def _previous_decode_config(M: int, N: int, K: int, num_sms: int):
@@ -153,8 +110,8 @@ def check_shape(K: int, N: int, rows, device: str, num_sms: int) -> dict:
     """Every path against dequantize-then-matmul in float32, in float16 and bfloat16; a GPTQ act-order layer in
     bfloat16."""
     g = torch.Generator(device=device).manual_seed(K + N)
-    layer = _int4_layer(K, N, g, device)
-    act_order = _int4_layer(K, N, g, device, desc_act=True)
+    layer = int4_layer(K, N, g, device)
+    act_order = int4_layer(K, N, g, device, desc_act=True)
     dense = layer.method.dequantized_weight(layer, torch.float32)
     dense_act = act_order.method.dequantized_weight(act_order, torch.float32)
     result = {}
@@ -164,10 +121,10 @@ def check_shape(K: int, N: int, rows, device: str, num_sms: int) -> dict:
             ref = x.float() @ dense
             entry = result.setdefault(f"{str(dtype).split('.')[-1]}_M{M}", {})
             for name, fn in _paths(M, N, K, num_sms).items():
-                _guarded(entry, name, lambda fn=fn: _rel_err(fn(x, layer), ref))
+                _guarded(entry, name, lambda fn=fn: rel_err(fn(x, layer), ref))
             if dtype == torch.bfloat16:  # act-order's column gather: one dtype is enough
                 x_act = x.index_select(1, act_order.perm)
-                _guarded(entry, "new_gptq_act_order", lambda: _rel_err(
+                _guarded(entry, "new_gptq_act_order", lambda: rel_err(
                     _paths(M, N, K, num_sms)["new"](x, act_order), x_act.float() @ dense_act))
     bad = [f"{case}:{path}" for case, entry in result.items() for path, err in entry.items()
            if not isinstance(err, float) or err >= 2e-2]
@@ -179,26 +136,26 @@ def time_shape(name: str, K: int, N: int, rows, device: str, num_sms: int, deadl
     """bf16 and the W4A16 paths at each row count; decode-kernel configs at ``SWEEP_ROWS`` before ``deadline``."""
     g = torch.Generator(device=device).manual_seed(K * 7 + N)
     copies = max(2, min(32, math.ceil(ROTATE_BYTES / (K * N // 2)))) if device == "cuda" else 2
-    layers = [_int4_layer(K, N, g, device) for _ in range(copies)]
+    layers = [int4_layer(K, N, g, device) for _ in range(copies)]
     bf16_copies = max(2, min(copies, math.ceil(ROTATE_BYTES / (2 * K * N)))) if device == "cuda" else 2
     weights = [(torch.randn(N, K, device=device, generator=g) * 0.02).to(torch.bfloat16) for _ in range(bf16_copies)]
-    int4_bytes = _int4_bytes(layers[0])
-    result = {"K": K, "N": N, "int4_weight_bytes": int4_bytes, "bf16_weight_bytes": 2 * K * N,
+    int4_weight_bytes = int4_bytes(layers[0])
+    result = {"K": K, "N": N, "int4_weight_bytes": int4_weight_bytes, "bf16_weight_bytes": 2 * K * N,
               "int4_copies": copies, "bf16_copies": bf16_copies, "rows": {}}
     for M in rows:
         x = torch.randn(M, K, device=device, generator=g).to(torch.bfloat16)
         row = result["rows"][str(M)] = {}
-        _guarded(row, "bf16", lambda: {"ms": _ms([lambda w=w: F.linear(x, w) for w in weights], device)})
+        _guarded(row, "bf16", lambda: {"ms": calls_ms([lambda w=w: F.linear(x, w) for w in weights], device)})
         for path, fn in _paths(M, N, K, num_sms).items():
-            _guarded(row, path, lambda fn=fn: {"ms": _ms([lambda i=i: fn(x, i) for i in layers], device)})
+            _guarded(row, path, lambda fn=fn: {"ms": calls_ms([lambda i=i: fn(x, i) for i in layers], device)})
         base = row["bf16"].get("ms")
         for path, entry in row.items():
             if "ms" in entry:
-                entry["int4_GBps"] = int4_bytes / entry["ms"] / 1e6
+                entry["int4_GBps"] = int4_weight_bytes / entry["ms"] / 1e6
                 if base:
                     entry["speedup_vs_bf16"] = base / entry["ms"]
         if M in SWEEP_ROWS and time.monotonic() < deadline:
-            row["decode_configs"] = _sweep_decode(x, layers, M, N, K, num_sms, device, int4_bytes)
+            row["decode_configs"] = _sweep_decode(x, layers, M, N, K, num_sms, device, int4_weight_bytes)
         print(f"{name:>8} M={M:5d}: " + "  ".join(
             f"{p} {e['ms'] * 1000:8.1f} us ({e['int4_GBps']:5.0f} GB/s int4, {e.get('speedup_vs_bf16', 0):.2f}x)"
             if "ms" in e and p != "bf16" else f"{p} {e['ms'] * 1000:8.1f} us" if "ms" in e else f"{p} ERROR"
@@ -236,7 +193,7 @@ def _sweep_decode(x, layers, M: int, N: int, K: int, num_sms: int, device: str, 
     out = {}
     for label, config in configs.items():
         key = f"{label}_n{config.block_n}_s{config.split_k}_w{config.num_warps}"
-        _guarded(out, key, lambda config=config: {"ms": _ms(
+        _guarded(out, key, lambda config=config: {"ms": calls_ms(
             [lambda i=i: w4a16_decode(x, i.qweight, i.scales, i.qzeros, i.group_size, counters=i.split_k_counters,
                                       config=config) for i in layers], device)})
         if "ms" in out[key]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 
 from provenance import current_commit  # noqa: E402
-from w4a16_sweep import _int4_layer, _ms  # noqa: E402
+from kernel_timing import calls_ms, int4_layer  # noqa: E402
 
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_launch import decode_config  # noqa: E402
@@ -51,7 +51,7 @@ def main() -> None:
     rows = []
     for name, (K, N) in shapes.items():
         copies = max(1, -(-L2_BYTES // (K * N // 2))) if device == "cuda" else 1
-        layers = [_int4_layer(K, N, generator, device) for _ in range(copies)]
+        layers = [int4_layer(K, N, generator, device) for _ in range(copies)]
         w16 = [torch.randn(N, K, device=device, dtype=torch.bfloat16) for _ in range(max(1, copies // 4))]
         for M in args.rows:
             x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
@@ -77,11 +77,11 @@ def main() -> None:
                     if err > 1e-2:
                         errors[label] = f"max relative error {err:.3g}"
                         continue
-                    timings[label] = round(1e3 * _ms([lambda c=config, layer=layer: run(c, layer)
-                                                     for layer in layers], device), 2)
+                    timings[label] = round(1e3 * calls_ms([lambda c=config, layer=layer: run(c, layer)
+                                                          for layer in layers], device), 2)
                 except Exception as exc:  # a config the compiler or the GPU cannot run (registers, shared memory)
                     errors[label] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            bf16 = 1e3 * _ms([lambda w=w: torch.nn.functional.linear(x, w) for w in w16], device)
+            bf16 = 1e3 * calls_ms([lambda w=w: torch.nn.functional.linear(x, w) for w in w16], device)
             best_us, best = min((v, k) for k, v in timings.items())
             top = sorted(timings.items(), key=lambda kv: kv[1])[:8]
             rows.append({"layer": name, "M": M, "K": K, "N": N, "copies": copies, "bf16_us": round(bf16, 2),
