@@ -66,8 +66,8 @@ def main() -> None:
             grid = GRIDS[args.grid]
             for values in itertools.product(*grid.values()):
                 config = replace(default, **dict(zip(grid, values)), wide=args.grid == "wide")
-                if config.block_m and config.block_m <= M:
-                    continue  # the row count's own block
+                if config.block_m and config.block_m <= (16 if M <= 16 else 32 if M <= 32 else 64):
+                    continue  # the row count's own block (or a smaller one)
                 label = "bn{}_w{}_st{}_sk{}".format(*values[:4]) + (f"_bm{config.block_m}" if config.block_m else "")
                 configs[label + ("_sib" if config.scale_in_b else "")] = config
             for label, config in configs.items():
