@@ -74,6 +74,8 @@
 #                    (issue goals: >= 2.2x bf16 at 1-16, >= 1.5x at 32/64)
 #   w4a16-decode-gemv  the same at batch 1/2/4, bf16 against AWQ through the MMA decode kernel and through the
 #                    CUDA-core GEMV kernel (awq-gemv), in one run
+#   w4a16-decode-wide  the same at batch WD_BATCHES (default "32 64"), bf16 against AWQ through the tile kernel and
+#                    through the wide kernel (awq-wide: wide_config from 17 rows), in one run
 #   awq-seed         the seed's workload (50 x 1,024 in / 512 out, Qwen2.5-7B shape) in float16, then AWQ
 #   w4a16-profile    kernel tables of 16 decode steps of bf16 and AWQ at batch 1 and 16: where the step goes
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
@@ -327,6 +329,9 @@ EOF
   w4a16-decode-gemv) run_step w4a16-decode-gemv 300 $PY benchmarks/quantization.py --model $M7 \
       --methods bf16 awq awq-gemv --batch-sizes 1 2 4 --skip-kernels --skip-throughput --decode-steps 64 \
       --output-json "$(name decode-w4a16-gemv)" ;;
+  w4a16-decode-wide) run_step w4a16-decode-wide 400 $PY benchmarks/quantization.py --model $M7 \
+      --methods bf16 awq awq-wide --batch-sizes ${WD_BATCHES:-32 64} --skip-kernels --skip-throughput --decode-steps 64 \
+      --output-json "$(name decode-w4a16-wide)" ;;
   awq-seed)  # the seed's workload: 50 requests of 1,024 in / 512 out, float16 weights then AWQ (issue goal >= 1.4x)
     for q in float16 awq; do
       run_step seed-$q 200 $PY benchmarks/throughput.py --load-format dummy --peer none --model $M7 --num-prompts 50 \

@@ -119,3 +119,15 @@ def gemv_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     k_tiles = triton.cdiv(K, PACK_K)
     split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, 128)))))
     return DecodeConfig(block_n=128, split_k=max(1, min(split_k, 16, k_tiles // 2)), num_warps=4, gemv=True)
+
+
+def wide_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
+    """A config for the wide kernel (``triton_w4a16_wide``, 17-64 rows) before a sweep has chosen one: 64-row
+    blocks, the scale folded into the operand, 256-column tiles of 8 warps where ``N >= 16384`` (gate_up) and
+    128 columns of 4 warps elsewhere, and K split to the power of two nearest to one program per SM, at most 4
+    splits of at least four 128-row K tiles."""
+    block_n, num_warps = (256, 8) if N >= 16384 else (128, 4)
+    split_k = 2 ** max(0, round(math.log2(max(1.0, num_sms / triton.cdiv(N, block_n)))))
+    split_k = max(1, min(split_k, 4, triton.cdiv(K, PACK_K) // 4))
+    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=num_warps, num_stages=3, wide=True, block_m=64,
+                        scale_in_b=True)

@@ -7,6 +7,7 @@ Without a CUDA device the kernels run in Triton's interpreter on tiny shapes.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_gemv import w4a16_gemv  # noqa: E402
 from inference.quantization.triton_w4a16_launch import (DecodeConfig, decode_config, fit_config,  # noqa: E402
-                                                        gemv_config)
+                                                        gemv_config, wide_config)
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 
@@ -139,6 +140,18 @@ def test_wide_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k
     assert out.dtype == dtype and out.shape == (M, N)
     torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float() + bias.float(), **TOL[dtype])
     assert counters.count_nonzero() == 0
+
+
+@pytest.mark.parametrize("N", [64, 37888])
+def test_wide_config_splits_k_for_narrow_layers_and_its_launches_match_the_reference(N):
+    config = wide_config(40, N, 1024, num_sms=132)
+    assert config.wide and config.scale_in_b and config.block_m == 64
+    assert (config.block_n, config.split_k) == ((128, 2) if N == 64 else (256, 1))
+    if N == 64:
+        qweight, scales, qzeros, dense = _random_int4(1024, N, 128)
+        x = torch.randn(40, 1024, device=DEVICE).to(torch.float16)
+        out = w4a16_decode(x, qweight, scales, qzeros, 128, config=replace(config, block_n=32))
+        torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
 
 
 def test_wide_kernel_gathers_act_order_columns():
