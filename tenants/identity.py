@@ -169,7 +169,7 @@ def _shown(header: str) -> str:
 async def _selected(slug: str) -> TenantRef:
     tenant = await _cache.tenant(slug=slug)
     if tenant is None:
-        raise TenantError(f"tenant not found: '{_shown(slug)}'", 404, "tenant_not_found", param="X-Tenant-ID")
+        raise TenantError(f"Tenant not found: '{_shown(slug)}'", 404, "tenant_not_found", param="X-Tenant-ID")
     if not tenant.active:
         raise TenantError(f"Tenant '{slug}' is inactive.", 403, "tenant_inactive", param="X-Tenant-ID",
                           tenant_id=tenant.id)

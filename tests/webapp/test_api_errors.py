@@ -267,7 +267,7 @@ def test_stream_options_without_stream(stack):
 
 def test_unknown_tenant_is_404(stack):
     error = _error(http("GET", stack.base_url + "/v1/models", headers={"X-Tenant-ID": "nobody"}), 404)
-    assert "tenant not found" in error["message"]
+    assert "Tenant not found" in error["message"]
 
 
 def test_unknown_url_and_wrong_method(stack):

@@ -226,7 +226,7 @@ def test_tenant_header_selects_tenant(stack):
     with pytest.raises(openai.NotFoundError) as error:
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2,
                                        extra_headers={"X-Tenant-ID": "no-such-tenant"})
-    assert "tenant not found" in str(error.value)
+    assert "Tenant not found" in str(error.value)
 
 
 def test_models_list(stack):
