@@ -29,7 +29,6 @@ from inference.quantization.triton_fp8 import _per_token_fp8_kernel  # noqa: E40
 from inference.quantization.triton_w4a16 import _w4a16_kernel  # noqa: E402
 from inference.quantization.triton_w4a16_decode import _w4a16_decode_kernel, _w4a16_decode_tile_kernel  # noqa: E402
 from inference.quantization.triton_w4a16_gemv import _w4a16_gemv_kernel  # noqa: E402
-from inference.quantization.triton_w4a16_wide import _w4a16_wide_kernel  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {"x_ptr": "*bf16", "qweight_ptr": "*i32", "scales_ptr": "*fp16", "qzeros_ptr": "*i32", "perm_ptr": "*i64",
@@ -94,11 +93,6 @@ def main() -> None:
                    dict(common, ZERO_IN_REGS=zero_in_regs, X_SUMS=x_sums, ASM=True, PREFETCH=True,
                         X_IN_LOOP=x_in_loop), warps, 4,
                    weights_per_thread=16 * block_n * 8 // (32 * warps))
-    for block_m, block_n, warps in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (64, 256, 8)):
-        report(f"wide BM{block_m} BN{block_n} w{warps}", _w4a16_wide_kernel,
-               dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=4, HAS_PERM=False, HAS_BIAS=True,
-                    MAGIC=0x4300, EVEN_K=True, EVEN_N=True, ASM=True, SCALE_IN_B=block_m == 64), warps, 3,
-               weights_per_thread=16 * block_n * 8 // (32 * warps))
     for block_m, block_n, warps in ((1, 128, 4), (1, 64, 4), (1, 256, 8), (2, 128, 4), (4, 64, 4)):
         for prefetch in (True, False):
             report(f"gemv{' prefetch' if prefetch else ''} BM{block_m} BN{block_n} w{warps}", _w4a16_gemv_kernel,

@@ -42,35 +42,25 @@ from quant_kernels import model_config, run_microbenchmarks  # noqa: E402
 from throughput import RESULTS, make_workload, run_tessera  # noqa: E402
 
 
-VARIANTS = ("-gemv", "-wide")  # method suffixes: the same checkpoint through other W4A16 decode kernels
-
-
 def _quantization(method: str) -> str | None:
-    for suffix in VARIANTS:
-        method = method.removesuffix(suffix)
-    return None if method == "bf16" else method
+    return None if method == "bf16" else method.removesuffix("-gemv")
 
 
 @contextlib.contextmanager
 def _w4a16_kernels(method: str):
     """``awq-gemv`` / ``gptq-gemv``: the engine's W4A16 decode launches take the CUDA-core GEMV kernel up to its
-    row limit (``gemv_config``); ``awq-wide`` / ``gptq-wide``: launches of 17-64 rows take the wide kernel
-    (``wide_config``). To time a kernel end to end before it is a default."""
-    if not method.endswith(VARIANTS):
+    row limit (``gemv_config``), to time it end to end before it is a default."""
+    if not method.endswith("-gemv"):
         yield
         return
     from inference.quantization import triton_w4a16_decode as decode
     from inference.quantization.triton_w4a16_gemv import MAX_GEMV_ROWS
-    from inference.quantization.triton_w4a16_launch import gemv_config, wide_config
+    from inference.quantization.triton_w4a16_launch import gemv_config
     library_config = decode.decode_config
 
-    def variant(M: int, N: int, K: int, num_sms: int):
-        if method.endswith("-gemv") and M <= MAX_GEMV_ROWS:
-            return gemv_config(M, N, K, num_sms)
-        if method.endswith("-wide") and M > 16:
-            return wide_config(M, N, K, num_sms)
-        return library_config(M, N, K, num_sms)
-    decode.decode_config = variant
+    def with_gemv(M: int, N: int, K: int, num_sms: int):
+        return (gemv_config if M <= MAX_GEMV_ROWS else library_config)(M, N, K, num_sms)
+    decode.decode_config = with_gemv
     try:
         yield
     finally:
@@ -182,9 +172,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-7b")
     parser.add_argument("--methods", nargs="+", default=["bf16", "awq", "gptq", "fp8"],
-                        choices=["bf16", "awq", "gptq", "fp8", "awq-gemv", "gptq-gemv", "awq-wide", "gptq-wide"],
-                        help="awq-gemv / gptq-gemv: decode through the CUDA-core W4A16 kernel up to 4 rows; "
-                             "awq-wide / gptq-wide: 17-64 rows through the wide kernel (wide_config)")
+                        choices=["bf16", "awq", "gptq", "fp8", "awq-gemv", "gptq-gemv"],
+                        help="awq-gemv / gptq-gemv: decode through the CUDA-core W4A16 kernel up to 4 rows")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)

@@ -1,8 +1,6 @@
 """The W4A16 tile kernel's launch grid at 32-64 rows (batch 32/64 decode steps, the seed's 50 running requests): output
 tile width, warps, pipeline stages and K split, on the four linear layers of the
-Qwen2.5-7B shape, against ``decode_config``'s choice and bf16 cuBLAS. ``--grid wide`` sweeps the wide kernel instead
-(``triton_w4a16_wide``: the weights as the MMA's B operand), also with 64-row blocks at fewer rows and with the
-scale folded into the operand (``_sib``). Each config is timed as a CUDA graph of calls
+Qwen2.5-7B shape, against ``decode_config``'s choice and bf16 cuBLAS. Each config is timed as a CUDA graph of calls
 that cycle through enough copies of the layer to exceed the L2 cache (median of 5 timings, us a call), and its
 output is checked against the default config's. Needs a GPU.
 
@@ -30,8 +28,6 @@ from inference.quantization.triton_w4a16_launch import decode_config  # noqa: E4
 SHAPES = {"qkv": (3584, 4608), "o": (3584, 3584), "gate_up": (3584, 37888), "down": (18944, 3584)}  # K, N
 L2_BYTES = 160 * 2**20  # the copies of a layer that one graph cycles through hold at least this much int4 weight
 GRID = {"block_n": (64, 128, 256), "num_warps": (4, 8), "num_stages": (3, 4), "split_k": (1, 2, 4)}
-GRIDS = {"tile": GRID, "wide": {"block_n": (128, 256), "num_warps": (4, 8), "num_stages": (3,), "split_k": (1, 2, 4),
-                                 "block_m": (0, 64), "scale_in_b": (False, True)}}
 
 
 def main() -> None:
@@ -40,8 +36,6 @@ def main() -> None:
     parser.add_argument("--layers", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--shapes", type=int, nargs=2, default=None, metavar=("K", "N"),
                         help="one layer of this shape instead (CPU smoke runs under TRITON_INTERPRET=1)")
-    parser.add_argument("--grid", choices=list(GRIDS), default="tile",
-                        help="the tile kernel's configs, or the wide kernel's (wide=True)")
     parser.add_argument("--output-json", default="benchmarks/results/w4a16-tile-sweep.json")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,13 +57,9 @@ def main() -> None:
             reference = run(default, layers[0]).float()
             timings, errors = {}, {}
             configs = {"default": default}
-            grid = GRIDS[args.grid]
-            for values in itertools.product(*grid.values()):
-                config = replace(default, **dict(zip(grid, values)), wide=args.grid == "wide")
-                if config.block_m and config.block_m <= (16 if M <= 16 else 32 if M <= 32 else 64):
-                    continue  # the row count's own block (or a smaller one)
-                label = "bn{}_w{}_st{}_sk{}".format(*values[:4]) + (f"_bm{config.block_m}" if config.block_m else "")
-                configs[label + ("_sib" if config.scale_in_b else "")] = config
+            for values in itertools.product(*GRID.values()):
+                config = replace(default, **dict(zip(GRID, values)))
+                configs["bn{}_w{}_st{}_sk{}".format(*values)] = config
             for label, config in configs.items():
                 try:
                     err = ((run(config, layers[0]).float() - reference).abs().max() /
@@ -97,7 +87,7 @@ def main() -> None:
     out = Path(args.output_json)
     out.parent.mkdir(exist_ok=True, parents=True)
     out.write_text(json.dumps({"command": "python " + shlex.join(sys.argv), "commit": current_commit(),
-                               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "sms": sms, "grid": GRIDS[args.grid], "rows": rows},
+                               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "sms": sms, "grid": GRID, "rows": rows},
                               indent=1))
 
 

@@ -45,8 +45,6 @@
 #   w4a16-split-k    the W4A16 decode kernel's K split on gate_up and down at 1, 16 and 64 rows (w4a16_split_k.py)
 #   w4a16-tile-sweep the W4A16 tile kernel's tile width, warps, stages and K split on the 7B shape's four layers at
 #                    TS_ROWS rows (default "32 64"), against the default config and bf16 (w4a16_tile_sweep.py)
-#   w4a16-wide-sweep the same grid for the wide kernel (the weights as the MMA's B operand, triton_w4a16_wide), also
-#                    with 64-row blocks at fewer rows, against the tile kernel's default and bf16
 #   blas             W3, W1 and W2 with the dense layers through cuBLAS and through cuBLASLt
 #                    (torch.backends.cuda.preferred_blas_library), alternating, rounds BLAS_ROUNDS (default "a"),
 #                    workloads BLAS_WORKLOADS (default "w3 w1 w2")
@@ -74,8 +72,6 @@
 #                    (issue goals: >= 2.2x bf16 at 1-16, >= 1.5x at 32/64)
 #   w4a16-decode-gemv  the same at batch 1/2/4, bf16 against AWQ through the MMA decode kernel and through the
 #                    CUDA-core GEMV kernel (awq-gemv), in one run
-#   w4a16-decode-wide  the same at batch WD_BATCHES (default "32 64"), bf16 against AWQ through the tile kernel and
-#                    through the wide kernel (awq-wide: wide_config from 17 rows), in one run
 #   awq-seed         the seed's workload (50 x 1,024 in / 512 out, Qwen2.5-7B shape) in float16, then AWQ
 #   w4a16-profile    kernel tables of 16 decode steps of bf16 and AWQ at batch 1 and 16: where the step goes
 #   w1-profile       W1's and W1 FP8's kernel tables over 16 decode steps (torch profiler)
@@ -243,8 +239,6 @@ for step in "$@"; do
   w4a16-split-k) run_step w4a16-split-k 300 $PY benchmarks/w4a16_split_k.py --output-json "$(name w4a16-split-k)" ;;
   w4a16-tile-sweep) run_step w4a16-tile-sweep 480 $PY benchmarks/w4a16_tile_sweep.py --rows ${TS_ROWS:-32 64} \
       --output-json "$(name w4a16-tile-sweep)" ;;
-  w4a16-wide-sweep) run_step w4a16-wide-sweep 480 $PY benchmarks/w4a16_tile_sweep.py --grid wide --rows ${TS_ROWS:-32 64} \
-      --output-json "$(name w4a16-wide-sweep)" ;;
   blas)
     for r in ${BLAS_ROUNDS:-a}; do
       for w in ${BLAS_WORKLOADS:-w3 w1 w2}; do
@@ -329,9 +323,6 @@ EOF
   w4a16-decode-gemv) run_step w4a16-decode-gemv 300 $PY benchmarks/quantization.py --model $M7 \
       --methods bf16 awq awq-gemv --batch-sizes 1 2 4 --skip-kernels --skip-throughput --decode-steps 64 \
       --output-json "$(name decode-w4a16-gemv)" ;;
-  w4a16-decode-wide) run_step w4a16-decode-wide 400 $PY benchmarks/quantization.py --model $M7 \
-      --methods bf16 awq awq-wide --batch-sizes ${WD_BATCHES:-32 64} --skip-kernels --skip-throughput --decode-steps 64 \
-      --output-json "$(name decode-w4a16-wide)" ;;
   awq-seed)  # the seed's workload: 50 requests of 1,024 in / 512 out, float16 weights then AWQ (issue goal >= 1.4x)
     for q in float16 awq; do
       run_step seed-$q 200 $PY benchmarks/throughput.py --load-format dummy --peer none --model $M7 --num-prompts 50 \

@@ -43,8 +43,6 @@ inside CUDA graphs. ``DecodeConfig(gemv=True)`` (``decode_config``'s choice for 
 layers) sends up to four rows to the CUDA-core kernel of ``triton_w4a16_gemv`` instead (same layout and
 epilogue, no MMA); rows, groups or a K that it does not take go to the tile kernel's config.
 GPTQ act-order layers pass ``perm``; the kernel gathers the activation columns itself.
-``DecodeConfig(wide=True)`` sends groups of a multiple of 128 rows to ``triton_w4a16_wide`` instead, which
-takes the weights as the MMA's B operand and x as A (for 17-64 rows; see that module).
 
 Reference, CPU path and test oracle: ``packing.dequantize_internal`` then ``torch.matmul``
 (``int4.Int4LinearMethod``). Sources: the reduction by the last-arriving program is the "fixup" of
@@ -65,7 +63,6 @@ from .triton_splitk import _finish
 from .triton_w4a16_gemv import MAX_GEMV_ROWS, w4a16_gemv
 from .triton_w4a16_launch import DecodeConfig, decode_config, fit_config, plan_split_k, tile_config
 from .triton_w4a16_operand import _group_params, _tile_operand, _x_tile
-from .triton_w4a16_wide import _w4a16_wide_kernel
 
 MAX_DECODE_ROWS = 64  # rows (tokens) this kernel serves; more go to the GEMM or the dequantize path
 # A 4-bit code c OR-ed into the mantissa of a 16-bit float: (bit pattern, value at c = 0). bfloat16 0x4300 is
@@ -331,7 +328,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
         config, chosen = tile_config(M, N, K, num_sms), True
     if chosen:
         config = fit_config(config, x.dtype, _capability(x.device))
-    block_m = config.block_m or (16 if M <= 16 else 32 if M <= 32 else 64)
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = plan_split_k(M, N, triton.cdiv(K, PACK_K), config.split_k, block_m, config.block_n, out, counters,
                         "W4A16 decode kernel")
@@ -349,11 +346,7 @@ def w4a16_decode(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, q
                 HAS_PERM=perm is not None, HAS_BIAS=bias is not None, MAGIC=magic, OFFSET=offset,
                 EVEN_K=K % PACK_K == 0, EVEN_N=N % config.block_n == 0,
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.wide and group_size % PACK_K == 0:
-        kernel, meta["ASM"] = _w4a16_wide_kernel, not triton.knobs.runtime.interpret
-        meta["SCALE_IN_B"] = config.scale_in_b
-        del meta["OFFSET"]
-    elif config.tile_mma and group_size % PACK_K == 0:
+    if config.tile_mma and group_size % PACK_K == 0:
         kernel, meta["ZERO_IN_REGS"], meta["X_SUMS"] = _w4a16_decode_tile_kernel, config.zero_in_regs, config.x_sums
         meta["PREFETCH"], meta["X_IN_LOOP"] = config.prefetch, config.x_in_loop
         meta["ASM"] = not triton.knobs.runtime.interpret

@@ -60,9 +60,6 @@ class DecodeConfig:
     prefetch: bool = True  # tile kernel: the next K tile's scales and zero points loaded while this tile computes
     x_in_loop: bool = False  # tile kernel: x tiles async-copied by Triton's pipeliner, not loaded ahead into registers
     gemv: bool = False  # up to 4 rows, groups of a multiple of 128: the CUDA-core kernel (triton_w4a16_gemv)
-    wide: bool = False  # groups of a multiple of 128: the weights as the MMA's B operand (triton_w4a16_wide)
-    block_m: int = 0  # rows a program takes (0: 16, 32 or 64 by the row count)
-    scale_in_b: bool = False  # wide kernel: the scale folded into the operand, one accumulating MMA chain
 
 
 def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
@@ -100,14 +97,13 @@ def fit_config(config: DecodeConfig, dtype: torch.dtype, capability: tuple[int, 
     """``config`` (a ``decode_config`` or ``tile_config`` choice, timed on an H100) made to run with ``dtype``
     activations on a GPU of compute ``capability``: float32 x tiles stay out of the pipeline (``x_in_loop``
     would hold 112-184 KB of shared memory, over the 99 KB of an sm_86/sm_89 block), and before sm_90 bfloat16
-    takes the zero point off after the MMA (``x_sums``) in the tile kernel, not the wide one, as ``sub.bf16x2``
-    needs sm_90."""
+    takes the zero point off after the MMA (``x_sums``), as ``sub.bf16x2`` needs sm_90."""
     if config.gemv:
         return config
     if dtype == torch.float32 and config.x_in_loop:
         config = replace(config, x_in_loop=False)
-    if dtype == torch.bfloat16 and (config.zero_in_regs or config.wide) and tuple(capability) < (9, 0):
-        config = replace(config, zero_in_regs=False, x_sums=True, wide=False)
+    if dtype == torch.bfloat16 and config.zero_in_regs and tuple(capability) < (9, 0):
+        config = replace(config, zero_in_regs=False, x_sums=True)
     return config
 
 
@@ -119,15 +115,3 @@ def gemv_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     k_tiles = triton.cdiv(K, PACK_K)
     split_k = 2 ** max(0, round(math.log2(max(1.0, 4 * num_sms / triton.cdiv(N, 128)))))
     return DecodeConfig(block_n=128, split_k=max(1, min(split_k, 16, k_tiles // 2)), num_warps=4, gemv=True)
-
-
-def wide_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
-    """A config for the wide kernel (``triton_w4a16_wide``, 17-64 rows) before a sweep has chosen one: 64-row
-    blocks, the scale folded into the operand, 256-column tiles of 8 warps where ``N >= 16384`` (gate_up) and
-    128 columns of 4 warps elsewhere, and K split to the power of two nearest to one program per SM, at most 4
-    splits of at least four 128-row K tiles."""
-    block_n, num_warps = (256, 8) if N >= 16384 else (128, 4)
-    split_k = 2 ** max(0, round(math.log2(max(1.0, num_sms / triton.cdiv(N, block_n)))))
-    split_k = max(1, min(split_k, 4, triton.cdiv(K, PACK_K) // 4))
-    return DecodeConfig(block_n=block_n, split_k=split_k, num_warps=num_warps, num_stages=3, wide=True, block_m=64,
-                        scale_in_b=True)

@@ -1,7 +1,6 @@
-"""The Triton building blocks that the W4A16 tile kernels share (``triton_w4a16_decode``'s tile kernel and
-``triton_w4a16_wide``): a group's scales and zero points, one K tile's packed words unpacked into a 16-bit MMA
-operand of exact ``code - zero`` integers (a ``lop3`` and a packed ``sub.bf16x2`` / ``sub.f16x2`` per pair of
-weights), and the x tile of a K tile. The layout they read is ``packing.pack_ktiled``'s; the exponent trick
+"""The Triton building blocks of the W4A16 decode kernels' K tiles (``triton_w4a16_decode``): a group's scales
+and zero points, one K tile's packed words unpacked into a 16-bit MMA operand of exact ``code - zero`` integers (a
+``lop3`` and a packed ``sub.bf16x2`` / ``sub.f16x2`` per pair of weights), and the x tile of a K tile. The layout they read is ``packing.pack_ktiled``'s; the exponent trick
 that turns a code into a float without a conversion is described in ``triton_w4a16_decode``."""
 from __future__ import annotations
 
@@ -24,42 +23,18 @@ def _group_params(scales_ptr, qzeros_ptr, group, offs_n, mask_n, N, EVEN_N: tl.c
 
 @triton.jit
 def _sub_pairs(pairs, zero_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
-    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact)
-    return _pair_op(pairs, zero_pairs, "sub", BF16, ASM)
-
-
-@triton.jit
-def _mul_pairs(pairs, scale_pairs, BF16: tl.constexpr, ASM: tl.constexpr):
-    # Two 16-bit floats per int32 times two others, rounded to nearest even
-    return _pair_op(pairs, scale_pairs, "mul", BF16, ASM)
-
-
-@triton.jit
-def _pair_op(a, b, OP: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr):
-    # OP ("sub" or "mul") on the two 16-bit floats of each int32 of a and b: one packed PTX instruction (ASM,
-    # compiled kernels), or the same bits element by element in float32, rounded to nearest even (Triton's
-    # interpreter, which runs no PTX).
+    # Two 16-bit floats OFFSET + code per int32 minus OFFSET + zero in both halves -> code - zero (exact), as
+    # one packed subtraction. ASM: the PTX instruction (compiled kernels); else the same bits computed
+    # element by element (Triton's interpreter, which runs no PTX).
     if ASM:
-        out = tl.inline_asm_elementwise(OP + (".rn.bf16x2" if BF16 else ".rn.f16x2") + " $0, $1, $2;", "=r,r,r",
-                                        [a, b], dtype=tl.int32, is_pure=True, pack=1)
+        out = tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;" if BF16 else "sub.rn.f16x2 $0, $1, $2;",
+                                        "=r,r,r", [pairs, zero_pairs], dtype=tl.int32, is_pure=True, pack=1)
     else:
         dtype = tl.bfloat16 if BF16 else tl.float16
-        if OP == "sub":
-            lo = _half_value(a, dtype) - _half_value(b, dtype)
-            hi = _half_value(a >> 16, dtype) - _half_value(b >> 16, dtype)
-        else:
-            lo = _half_value(a, dtype) * _half_value(b, dtype)
-            hi = _half_value(a >> 16, dtype) * _half_value(b >> 16, dtype)
-        lo = lo.to(dtype).to(tl.int16, bitcast=True)
-        hi = hi.to(dtype).to(tl.int16, bitcast=True)
+        lo = ((pairs & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
+        hi = (((pairs >> 16) & 0xF) - (zero_pairs & 0xF)).to(tl.float32).to(dtype).to(tl.int16, bitcast=True)
         out = (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
     return out
-
-
-@triton.jit
-def _half_value(bits, dtype: tl.constexpr):
-    # The 16-bit float in the low half of an int32, as float32
-    return (bits & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -76,15 +51,13 @@ def _code_pairs(w, MAGIC: tl.constexpr):
 
 @triton.jit
 def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr, zero=None,
-                  BF16: tl.constexpr = False, ASM: tl.constexpr = False, scale=None):
+                  BF16: tl.constexpr = False, ASM: tl.constexpr = False):
     # A K tile's words [BLOCK_N, 16] (word row 8h + p, see the kernel) -> the MMA's A operand [BLOCK_N, 128]:
     # OFFSET + code (float32: the code), its 128 input rows in natural order. Nibble j of word (h, p) holds
     # rows 16(4h + j) + 2p (low half) and + 1 (high half); joining the four nibbles and the two halves as new
     # trailing axes and moving them into place is a relabelling of registers, not a data movement.
     # With ``zero`` ([BLOCK_N] int32 zero points), the operand is code - zero instead (float32: as floats;
-    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split). With ``scale`` too
-    # ([BLOCK_N] float32), (code - zero) * scale: the dequantized weight (16-bit: the scale rounded to the operand's
-    # dtype, then one packed multiply per register, ``_mul_pairs``, rounded once, as dequantizing to x's dtype).
+    # 16-bit: one packed subtraction per register, ``_sub_pairs``, before the halves are split).
     w = tl.reshape(words, (BLOCK_N, 2, 8))
     if ASM and not FP32:  # mask and OFFSET in one lop3 (ptxas does not merge an AND and an OR of two constants)
         pairs = tl.join(tl.join(_code_pairs(w, MAGIC), _code_pairs(w >> 4, MAGIC)),
@@ -99,16 +72,10 @@ def _tile_operand(words, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.co
                        ((pairs >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0)
         if zero is not None:
             rows = rows - zero.to(tl.float32)[:, None, None, None, None, None]
-        if scale is not None:
-            rows = rows * scale[:, None, None, None, None, None]
     else:
         if zero is not None:
             zero_pairs = tl.broadcast_to(((MAGIC + zero) * 0x10001)[:, None, None, None, None], pairs.shape)
             pairs = _sub_pairs(pairs, zero_pairs, BF16, ASM)
-        if scale is not None:
-            bits = scale.to(tl.bfloat16 if BF16 else tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            scale_pairs = tl.broadcast_to((bits | (bits << 16))[:, None, None, None, None], pairs.shape)
-            pairs = _mul_pairs(pairs, scale_pairs, BF16, ASM)
         rows = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))           # [BN, h, p, j0, j1, e]
     return tl.reshape(tl.permute(rows, (0, 1, 4, 3, 2, 5)), (BLOCK_N, 128))         # row 64h + 16j + 2p + e
 

@@ -7,7 +7,6 @@ Without a CUDA device the kernels run in Triton's interpreter on tiny shapes.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from inference.quantization.triton_w4a16 import w4a16_gemm, w4a16_matmul  # noqa
 from inference.quantization.triton_w4a16_decode import w4a16_decode  # noqa: E402
 from inference.quantization.triton_w4a16_gemv import w4a16_gemv  # noqa: E402
 from inference.quantization.triton_w4a16_launch import (DecodeConfig, decode_config, fit_config,  # noqa: E402
-                                                        gemv_config, wide_config)
+                                                        gemv_config)
 from inference.quantization import triton_w4a16_dequant  # noqa: E402
 from inference.quantization.triton_w4a16_dequant import dequant_matmul, dequantize_w4a16  # noqa: E402
 
@@ -116,51 +115,6 @@ def test_decode_tile_kernel_loop_variants_match_the_reference(x_sums, prefetch, 
                           x_in_loop=x_in_loop)
     out = w4a16_decode(x, qweight, scales, qzeros, group_size, config=config)
     torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
-
-
-# The wide kernel (weights as the MMA's B operand, 17-64 rows): N not a multiple of the tile (80), groups of
-# 256 over three splits, 20 rows in a 64-row block, float32 / bfloat16 / float16 activations
-@pytest.mark.parametrize("M, K, N, group_size, split_k, dtype, block_n, block_m", [
-    (17, 384, 64, 128, 2, torch.float32, 32, 0),
-    (40, 256, 80, 128, 2, torch.bfloat16, 64, 0),
-    (64, 768, 64, 256, 3, torch.float16, 64, 0),
-    (20, 256, 64, 128, 1, torch.bfloat16, 32, 64),
-])
-# the scale applied to the MMA's result, or folded into the operand (one accumulating MMA chain)
-@pytest.mark.parametrize("scale_in_b", [False, True])
-def test_wide_kernel_matches_dequantize_then_matmul(M, K, N, group_size, split_k, dtype, block_n, block_m,
-                                                    scale_in_b):
-    torch.manual_seed(M + K)
-    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
-    x = torch.randn(M, K, device=DEVICE).to(dtype)
-    bias = torch.randn(N, device=DEVICE).to(dtype)
-    counters = torch.zeros(16, dtype=torch.int32, device=DEVICE)
-    config = DecodeConfig(block_n, split_k, wide=True, block_m=block_m, scale_in_b=scale_in_b)
-    out = w4a16_decode(x, qweight, scales, qzeros, group_size, bias=bias, counters=counters, config=config)
-    assert out.dtype == dtype and out.shape == (M, N)
-    torch.testing.assert_close(out.float(), x.float() @ dense.to(dtype).float() + bias.float(), **TOL[dtype])
-    assert counters.count_nonzero() == 0
-
-
-@pytest.mark.parametrize("N", [64, 37888])
-def test_wide_config_splits_k_for_narrow_layers_and_its_launches_match_the_reference(N):
-    config = wide_config(40, N, 1024, num_sms=132)
-    assert config.wide and config.scale_in_b and config.block_m == 64
-    assert (config.block_n, config.split_k) == ((128, 2) if N == 64 else (256, 1))
-    if N == 64:
-        qweight, scales, qzeros, dense = _random_int4(1024, N, 128)
-        x = torch.randn(40, 1024, device=DEVICE).to(torch.float16)
-        out = w4a16_decode(x, qweight, scales, qzeros, 128, config=replace(config, block_n=32))
-        torch.testing.assert_close(out.float(), x.float() @ dense.half().float(), **TOL[torch.float16])
-
-
-def test_wide_kernel_gathers_act_order_columns():
-    K, N, group_size = 256, 64, 128
-    qweight, scales, qzeros, dense = _random_int4(K, N, group_size)
-    perm = torch.randperm(K, device=DEVICE)
-    x = torch.randn(33, K, device=DEVICE).to(torch.bfloat16)
-    out = w4a16_decode(x, qweight, scales, qzeros, group_size, perm=perm, config=DecodeConfig(32, 2, wide=True))
-    torch.testing.assert_close(out.float(), x[:, perm].float() @ dense.bfloat16().float(), **TOL[torch.bfloat16])
 
 
 # The CUDA-core GEMV kernel: 1-4 rows (3 pads to a 4-row block), N not a multiple of the tile (80), groups of
@@ -433,7 +387,7 @@ def test_large_row_counts_take_the_dequantize_path_and_smaller_ones_the_kernels(
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the launches above compile the PTX path themselves")
 def test_decode_kernels_packed_subtraction_compiles_for_hopper():
-    """The interpreter runs the tile, wide and GEMV kernels' element-by-element stand-ins for their inline PTX (``ASM``
+    """The interpreter runs the tile and GEMV kernels' element-by-element stand-ins for their inline PTX (``ASM``
     off); the PTX paths (bfloat16 and float16) must compile for sm_90 too."""
     from .triton_compile import compile_for_hopper, record_launches
     qweight, scales, qzeros, _ = _random_int4(256, 128, 128)
@@ -444,13 +398,6 @@ def test_decode_kernels_packed_subtraction_compiles_for_hopper():
     for dtype, config in itertools.product((torch.bfloat16, torch.float16), configs):
         with record_launches() as recorded:
             w4a16_decode(torch.randn(2, 256).to(dtype), qweight, scales, qzeros, 128, config=config)
-        for launch in recorded:
-            launch["args"]["ASM"] = {"const": True}
-        launches += recorded
-    for dtype, rows in itertools.product((torch.bfloat16, torch.float16), (20, 40)):
-        with record_launches() as recorded:  # the wide kernel: mma.sync at 32-row blocks, wgmma at 64
-            w4a16_decode(torch.randn(rows, 256).to(dtype), qweight, scales, qzeros, 128,
-                         config=DecodeConfig(128, 2, wide=True, scale_in_b=rows > 32))
         for launch in recorded:
             launch["args"]["ASM"] = {"const": True}
         launches += recorded
