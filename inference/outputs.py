@@ -14,6 +14,8 @@ class Logprob:
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
+    # The token's own UTF-8 bytes where ``decoded_token`` is not them: a part of a character, decoded alone to U+FFFD
+    token_bytes: list[int] | None = None
 
 
 @dataclass(slots=True)  # slots: one is made per request and step

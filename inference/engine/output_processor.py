@@ -18,6 +18,7 @@ from ..outputs import CompletionOutput, Logprob, RequestOutput
 from ..request import FINISHED_STATUSES, Request, RequestStatus
 from ..sampling_params import RequestOutputKind
 from ..sched.scheduler_output import PromptLogprobs, SampledTokens, SchedulerUpdate
+from ..token_bytes import partial_token_bytes
 
 
 class SequenceOutputState:
@@ -93,7 +94,8 @@ def logprobs_entry(tokenizer, ids: torch.Tensor, values: torch.Tensor, sampled_r
         if token_id in entry:
             continue
         rank = sampled_rank if position == 0 else position
-        entry[token_id] = Logprob(value, rank, tokenizer.decode([token_id]))
+        text = tokenizer.decode([token_id])
+        entry[token_id] = Logprob(value, rank, text, partial_token_bytes(tokenizer, token_id, text))
     return entry
 
 

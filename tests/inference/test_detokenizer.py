@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from inference import detokenizer
 from inference.detokenizer import IncrementalDetokenizer, special_token_ids
+from inference.token_bytes import partial_token_bytes
 
 TEXTS = {
     "english": "The quick brown fox jumps over the lazy dog. It's 3.14 degrees!",
@@ -428,3 +429,31 @@ def test_stop_token_text_is_left_out(smollm2, include, chunk):
     deltas = [det.update(ids[i:i + chunk], finished=i + chunk >= len(ids), stop_terminated=i + chunk >= len(ids))[0]
               for i in range(0, len(ids), chunk)]
     assert "".join(deltas) == det.output_text == ("Paris," if include else "Paris")
+
+
+def _token_by_token_bytes(tokenizer, ids: list[int]) -> bytes:
+    out = b""
+    for token_id in ids:
+        text = tokenizer.decode([token_id])
+        out += bytes(partial_token_bytes(tokenizer, token_id, text) or text.encode("utf-8"))
+    return out
+
+
+@pytest.mark.parametrize("name", ["chinese", "emoji", "mixed"])
+def test_each_tokens_bytes_join_into_the_text(smollm2, sentencepiece, name):
+    """Log-probabilities' ``bytes``: a token that holds part of a character decodes alone to U+FFFD, but its own
+    bytes, joined with its neighbours', give the character back (byte-level BPE and SentencePiece's byte
+    fallback; a SentencePiece token decoded alone loses its leading space, so spaces are not compared there)."""
+    text = TEXTS[name]
+    ids = encode(smollm2, text)
+    assert any("\ufffd" in smollm2.decode([i]) for i in ids)  # the text does split characters
+    assert _token_by_token_bytes(smollm2, ids) == text.encode("utf-8")
+    ids = sentencepiece.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in sentencepiece.decode([i]) for i in ids)
+    joined = _token_by_token_bytes(sentencepiece, ids)
+    assert joined.replace(b" ", b"") == text.encode("utf-8").replace(b" ", b"")
+
+
+def test_whole_characters_keep_their_texts_bytes(smollm2):
+    ids = encode(smollm2, TEXTS["english"])
+    assert all(partial_token_bytes(smollm2, i, smollm2.decode([i])) is None for i in ids)

@@ -145,6 +145,16 @@ def test_chat_logprobs_shape(stack):
         assert bytes(position.bytes).decode("utf-8", "replace")
 
 
+def test_chat_logprobs_bytes_of_a_token_inside_a_character(stack):
+    """SmolLM2 splits "日" (E6 97 A5) as " \\xe6" + "\\x97" + "\\xa5": forced by ``logit_bias``, the first token's
+    text alone is U+FFFD, and its ``bytes`` are its own, so a client can join the character back."""
+    reply = stack.openai().chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1, temperature=0,
+                                                   logit_bias={"17097": 100}, logprobs=True)
+    position = reply.choices[0].logprobs.content[0]
+    assert position.token == " \ufffd"
+    assert position.bytes == list(" 日".encode("utf-8")[:2])
+
+
 def test_completion_logprobs_shape(stack):
     reply = stack.openai().completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=4, temperature=0,
                                               logprobs=2)

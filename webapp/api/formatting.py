@@ -1,7 +1,8 @@
 """OpenAI response shapes: chat and completions objects, chunks, log-probabilities, usage.
 
 Log-probabilities arrive from workers as, per output position, a list of
-``[token_id, logprob, rank, decoded_token]`` (see :mod:`webapp.serving.messages`).
+``[token_id, logprob, rank, decoded_token]``, plus the token's bytes where it is part of a character (see
+:mod:`webapp.serving.messages`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ Position = list[list]  # [[token_id, logprob, rank, decoded_token], ...]
 
 def _token_text(entry: list) -> str:
     return entry[3] if entry[3] is not None else ""
+
+
+def _token_bytes(entry: list) -> list[int]:
+    # the worker's bytes where the token is part of a character (its text alone is U+FFFD), else its text's
+    return entry[4] if len(entry) > 4 and entry[4] else list(_token_text(entry).encode("utf-8"))
 
 
 def _split(position: Position, token_id: int, top_n: int) -> tuple[list, list[list]]:
@@ -40,9 +46,9 @@ def chat_logprobs(positions: list[Position] | None, token_ids: list[int], top_n:
         chosen, top = _split(position or [], token_id, top_n)
         text = _token_text(chosen)
         content.append({
-            "token": text, "logprob": _logprob(chosen[1]), "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": _token_text(e), "logprob": _logprob(e[1]),
-                              "bytes": list(_token_text(e).encode("utf-8"))} for e in top],
+            "token": text, "logprob": _logprob(chosen[1]), "bytes": _token_bytes(chosen),
+            "top_logprobs": [{"token": _token_text(e), "logprob": _logprob(e[1]), "bytes": _token_bytes(e)}
+                             for e in top],
         })
     return {"content": content}
 

@@ -8,7 +8,8 @@ A *delta* message carries what one engine request produced since the previous me
 "outputs": [{"index", "text", "token_ids", "logprobs", "finish_reason", "stop_reason"}]}``
 
 ``logprobs`` is, per output position, a list of ``[token_id, logprob, rank, decoded_token]``
-(plain lists, so msgpack and JSON carry them unchanged). An *error* message
+(plain lists, so msgpack and JSON carry them unchanged), with a fifth item, the token's UTF-8 bytes, where the
+token is part of a character (``decoded_token`` is then U+FFFD). An *error* message
 ``{"type": "error", "rid", "seq", "status", "message", "param"}`` ends the request.
 ``seq`` counts the messages of one engine request from 0, so the receiver can check order;
 ``worker`` names the worker that runs the request. An :class:`Abort` goes the other way, on the
@@ -85,7 +86,8 @@ def _encode_positions(positions: list[dict] | None) -> list | None:
     if positions is None:
         return None
     return [
-        [[int(tid), float(lp.logprob), lp.rank, lp.decoded_token] for tid, lp in pos.items()]
+        [[int(tid), float(lp.logprob), lp.rank, lp.decoded_token, *([lp.token_bytes] if lp.token_bytes else [])]
+         for tid, lp in pos.items()]
         if pos is not None else None
         for pos in positions
     ]
