@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+from .model_loader.tiktoken_convert import bytes_to_unicode
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
@@ -25,6 +25,8 @@ def partial_token_bytes(tokenizer, token_id: int, text: str) -> list[int] | None
     if REPLACEMENT not in text:
         return None
     piece = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(piece, bytes):  # tokenizers whose pieces are the bytes themselves
+        return list(piece)
     if not isinstance(piece, str) or not piece:
         return None
     fallback = _BYTE_FALLBACK.fullmatch(piece)
