@@ -37,7 +37,11 @@ def main() -> None:
     parser.add_argument("--shapes", type=int, nargs=2, default=None, metavar=("K", "N"),
                         help="one layer of this shape instead (CPU smoke runs under TRITON_INTERPRET=1)")
     parser.add_argument("--output-json", default="benchmarks/results/w4a16-tile-sweep.json")
+    for key, values in GRID.items():
+        parser.add_argument("--" + key.replace("_", "-"), type=int, nargs="+", default=list(values),
+                            help=f"values swept (default {' '.join(map(str, values))}; 2 warps run mma.sync, not wgmma)")
     args = parser.parse_args()
+    grid = {key: tuple(getattr(args, key)) for key in GRID}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = {"custom": tuple(args.shapes)} if args.shapes else {name: SHAPES[name] for name in args.layers}
     generator = torch.Generator(device=device).manual_seed(0)
@@ -57,8 +61,8 @@ def main() -> None:
             reference = run(default, layers[0]).float()
             timings, errors = {}, {}
             configs = {"default": default}
-            for values in itertools.product(*GRID.values()):
-                config = replace(default, **dict(zip(GRID, values)))
+            for values in itertools.product(*grid.values()):
+                config = replace(default, **dict(zip(grid, values)))
                 configs["bn{}_w{}_st{}_sk{}".format(*values)] = config
             for label, config in configs.items():
                 try:
@@ -87,7 +91,7 @@ def main() -> None:
     out = Path(args.output_json)
     out.parent.mkdir(exist_ok=True, parents=True)
     out.write_text(json.dumps({"command": "python " + shlex.join(sys.argv), "commit": current_commit(),
-                               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "sms": sms, "grid": GRID, "rows": rows},
+                               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "sms": sms, "grid": grid, "rows": rows},
                               indent=1))
 
 
