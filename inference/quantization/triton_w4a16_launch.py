@@ -73,8 +73,12 @@ def decode_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
       gate_up 37.4 us against 41.1; at 8 and 16 rows 9-13% faster on gate_up and down; at 64 rows 62.2 against
       93.3 us on gate_up and 34.8 against 44.3 on down. At 2 and 4 rows the GEMV kernel took 1.2-2.2x longer.
 
-    K is split to the power of two nearest to about four programs per SM up to 16 rows (counted over 64-column
-    tiles where ``N < 16384``, as swept), two above; at most 16 splits, each of at least three 128-row K tiles."""
+    K is not split where the 128-column output tiles alone give two programs an SM (gate_up: 296 tiles on 132 SMs;
+    at one row 38.6 against 42.8 us with two splits, at 16 rows 37.9 against 40.8,
+    ``w4a16-tile-sweep-warps_h100_2026-12-07.json``; 37.1 against 39.7 at 16 rows in
+    ``w4a16-split-k_h100_2026-12-07.json``). Elsewhere it is split to the power of two nearest to about four
+    programs per SM up to 16 rows (counted over 64-column tiles where ``N < 16384``, as swept), two above; at most
+    16 splits, each of at least three 128-row K tiles."""
     if M == 1 and N < 16384:
         return replace(gemv_config(M, N, K, num_sms), prefetch=False)
     return tile_config(M, N, K, num_sms)
@@ -87,6 +91,8 @@ def tile_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     small = M <= 16
     split_tile_n = (128 if N >= 16384 else 64) if small else 128
     programs_per_sm = 4 if small else 2
+    if triton.cdiv(N, 128) >= 2 * num_sms:  # the output tiles alone give two programs an SM: no split
+        return DecodeConfig(block_n=128, split_k=1, num_warps=4, tile_mma=True, zero_in_regs=True, x_in_loop=True)
     split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, split_tile_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
     return DecodeConfig(block_n=128, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=True,
