@@ -134,6 +134,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
     (["--allowed-origins", ""], "--allowed-origins: must be a JSON list of strings"),  # not "allow all"
     (["--allowed-origins", '["https://app.example.com/chat"]'], "'https://app.example.com/chat' is not an origin"),
     (["--allowed-headers", '["x-tenant-id", 3]'], "--allowed-headers: must be a JSON list of strings"),
+    # a mistyped template file would otherwise become the template text: every chat prompt the path itself
+    (["--chat-template", "/etc/tessera/chat.jinja"], "'/etc/tessera/chat.jinja' is not a readable file"),
 ])
 def test_flags_the_model_cannot_use_stop_serve_before_it_starts(tmp_path, flag, message):
     env = launcher.child_env(REDIS_URL=None, TESSERA_DB_PATH=str(tmp_path / "db.sqlite3"))
@@ -283,3 +285,13 @@ def test_an_adapter_cannot_take_its_base_models_name_even_with_redis_down(tmp_pa
         done = subprocess.run([sys.executable, launcher.MANAGE, *args], env=env, capture_output=True, text=True,
                               timeout=120, cwd=launcher.BASE_DIR)
     assert done.returncode != 0 and "'smollm2-135m-instruct' is a served model's name" in done.stderr, done.stderr
+
+
+def test_chat_template_is_jinja_text_or_a_readable_file(tmp_path):
+    from webapp.api.tokenization import read_chat_template
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert read_chat_template(str(template)) == "{{ messages[0]['content'] }}"
+    assert read_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}").startswith("{% for")
+    with pytest.raises(ValueError, match="missing.jinja' is not a readable file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))

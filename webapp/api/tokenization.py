@@ -25,6 +25,23 @@ from .errors import APIError, bad_request
 logger = logging.getLogger(__name__)
 
 
+def read_chat_template(option: str) -> str:
+    """``--chat-template``'s value as a template: the value itself when it holds ``{`` or a line break (Jinja
+    text), else the text of the file it names (``~`` expanded), as vLLM reads it.
+
+    Raises:
+        ValueError: the value names no readable file (naming the path).
+    """
+    if "{" in option or "\n" in option:
+        return option
+    path = Path(option).expanduser()
+    try:
+        return path.read_text()
+    except OSError as error:
+        raise ValueError(f"--chat-template: {option!r} is not a readable file ({error.strerror or error}); "
+                         "give a file, or the Jinja template itself") from None
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """A model this server answers for.
@@ -68,8 +85,7 @@ class Tokenizer:
         (the same prompt as the model's own without tools); else the tokenizer's."""
         option = self._template_option
         if option:
-            path = Path(option).expanduser()
-            return path.read_text() if "{" not in option and path.is_file() else option
+            return read_chat_template(option)
         if self._packaged:
             return tool_use_template("smollm2-135m-instruct")
         return getattr(self.hf, "chat_template", None) or None

@@ -28,6 +28,7 @@ from tenants import shares as tenant_shares
 from tenants.provisioning import apply_tenant_specs, check_total, parse_tenant_spec
 from webapp import launcher
 from webapp.catalog import lora
+from webapp.api.tokenization import read_chat_template
 from webapp.api.tool_parsers import TOOL_PARSERS
 from webapp.env import DEVELOPMENT_SECRET_KEY, ServingEnv, parse_json_list
 from webapp.serving import worker_slot
@@ -48,6 +49,16 @@ def port_number(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text!r}")
     return port
+
+
+def chat_template_option(text: str) -> str:
+    """argparse type of ``--chat-template``: Jinja text, or a readable file (checked before anything starts; the
+    web processes read the file themselves)."""
+    try:
+        read_chat_template(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--chat-template: ")) from None
+    return text
 
 
 def json_string_list(text: str) -> str:
@@ -91,7 +102,8 @@ class Command(BaseCommand):
         add_worker_arguments(parser)
         parser.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
         parser.add_argument("--port", type=port_number, default=8000, help="Port to listen on (1-65535).")
-        parser.add_argument("--chat-template", help="Chat template: a file, or the Jinja template itself.")
+        parser.add_argument("--chat-template", type=chat_template_option,
+                            help="Chat template: a file, or the Jinja template itself.")
         parser.add_argument("--enable-auto-tool-choice", action="store_true",
                             help="Let the model decide when to call tools ('tool_choice': 'auto', the default "
                                  "when a request has 'tools'); needs --tool-call-parser.")
