@@ -253,6 +253,10 @@ def test_chat_continues_the_final_message_without_a_generation_prompt(stack):
     ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
     ("/v1/chat/completions", {"messages": CHAT, "use_beam_search": True}, "use_beam_search"),
     ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo"),
+    # vLLM's extras that would change the output: refused, not dropped
+    ("/v1/completions", {"prompt": "The capital of France is", "bad_words": [" Paris"]}, "bad_words"),
+    ("/v1/chat/completions", {"messages": CHAT, "allowed_token_ids": [28, 29]}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "a b c d e f", "truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
 ])
 def test_unsupported_options_are_refused_not_ignored(stack, path, extra, field):
     error = _error(http("POST", stack.base_url + path, {"model": MODEL, "max_tokens": 2, **extra}), 400)

@@ -208,6 +208,15 @@ class GenerationOptions:
         return APIError.from_engine(error)
 
 
+# vLLM's extra fields that change the output and that Tessera does not apply yet, with what they would have done.
+_UNAPPLIED_EXTRAS = {
+    "bad_words": "the output would not avoid these words",
+    "allowed_token_ids": "the output would not be limited to these token ids",
+    "truncate_prompt_tokens": "the prompt would not be cut to its last tokens",
+    "logits_processors": "these processors would not run",
+}
+
+
 def parse_common(body: Body, chat: bool) -> GenerationOptions:
     """Fields shared by chat and completions: streaming, sampling, vLLM's extras.
 
@@ -234,6 +243,9 @@ def parse_common(body: Body, chat: bool) -> GenerationOptions:
         raise bad_request("'use_beam_search' (beam search) is not supported yet.", param="use_beam_search")
     if chat and body.get("echo", bool, False):  # vLLM's chat extra (prepend the last message)
         raise bad_request("'echo' is not supported on chat completions yet.", param="echo")
+    for name, effect in _UNAPPLIED_EXTRAS.items():  # refused, not silently ignored: the output would differ
+        if body.data.get(name) not in (None, []):
+            raise bad_request(f"'{name}' is not supported yet: {effect}.", param=name)
     structured, structured_fields = parse_structured_outputs(body.data)
     field_names.update(structured_fields)
     sampling = {
