@@ -169,17 +169,19 @@ class StructuredOutputsParams:
 
 
 # JSON Schema keywords xgrammar does not enforce (it would silently allow what they forbid).
+# multipleOf: held only where xgrammar can list the range's numbers (a user saw 123 for multipleOf 5 without minimum).
 UNENFORCED_KEYWORDS = ("not", "if", "then", "else", "dependentSchemas", "contains", "uniqueItems",
-                       "unevaluatedProperties", "unevaluatedItems")
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+                       "unevaluatedProperties", "unevaluatedItems", "multipleOf")
+# Where subschemas sit, searched for those keywords too.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("items", "additionalProperties")
+_SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "additionalItems")
 
 
 def _check_schema_keywords(schema: Any, path: str = "") -> None:
     """Refuse a schema whose constraints the grammar would not enforce: the keywords in
-    :data:`UNENFORCED_KEYWORDS`, ``allOf`` of more than one schema, and a ``pattern`` that is not a
-    regular expression xgrammar supports (lookaround, backreferences).
+    :data:`UNENFORCED_KEYWORDS`, ``allOf`` of more than one schema, a ``$ref`` outside the schema, and a
+    ``pattern`` that is not a regular expression xgrammar supports (lookaround, backreferences).
 
     Raises:
         InvalidRequestError (param ``structured_outputs.json``): naming the keyword and where it is.
@@ -195,6 +197,9 @@ def _check_schema_keywords(schema: Any, path: str = "") -> None:
     for keyword in UNENFORCED_KEYWORDS:
         if keyword in schema:
             refuse(f"'{keyword}'")
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):  # nothing is fetched: the output would be unconstrained
+        refuse(f"'$ref' to {ref!r:.80} (only references inside the schema, '#/...', are followed)")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         refuse("'allOf' of more than one schema")
     pattern = schema.get("pattern")

@@ -175,6 +175,11 @@ def test_tensor_parallel_ranks():
      "structured_outputs.json"),
     ({"json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "structured_outputs.json"),
     ({"json": {"$defs": {"x": {"if": {"type": "integer"}}}, "$ref": "#/$defs/x"}}, "structured_outputs.json"),
+    ({"json": {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 5}}}}, "structured_outputs.json"),
+    ({"json": {"type": "object", "properties": {"k": {}}, "patternProperties": {"^k$": {"not": {"type": "integer"}}},
+               "required": ["k"]}}, "structured_outputs.json"),
+    ({"json": {"type": "object", "propertyNames": {"not": {"const": "a"}}}}, "structured_outputs.json"),
+    ({"json": {"$ref": "http://example.com/s.json"}}, "structured_outputs.json"),
 ])
 def test_bad_constraints_name_the_field(value, param):
     with pytest.raises(InvalidRequestError) as info:
