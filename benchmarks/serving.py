@@ -100,6 +100,11 @@ async def send_one(base_url: str, body: dict, headers: dict[str, str] | None = N
     return result
 
 
+def auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    """``Authorization: Bearer`` with ``--api-key``, where one is given."""
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
 async def run_serving(args, prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
     semaphore = asyncio.Semaphore(args.max_concurrency or len(prompts))
     rng = random.Random(args.seed)
@@ -108,7 +113,7 @@ async def run_serving(args, prompts: list[list[int]]) -> tuple[list[RequestResul
         async with semaphore:
             body = {"model": args.model, "prompt": prompt, "max_tokens": args.random_output_len, "stream": True,
                     "stream_options": {"include_usage": True}, "temperature": 0, "ignore_eos": args.ignore_eos}
-            return await send_one(args.base_url, body)
+            return await send_one(args.base_url, body, auth_headers(args))
 
     tasks = []
     start = time.perf_counter()
@@ -178,7 +183,7 @@ def run_paired_ttft(args, prompts: list[list[int]]) -> dict:
                 "ignore_eos": True}
         tries_served, tries_offline = [], []
         for k in range(args.paired_repeats):
-            result = asyncio.run(send_one(args.base_url, body))
+            result = asyncio.run(send_one(args.base_url, body, auth_headers(args)))
             start = time.perf_counter()
             engine.add_request(f"paired-{i}-{k}", prompt, params)
             while engine.has_unfinished_requests():
@@ -274,6 +279,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="Bearer key sent with every request (default: $OPENAI_API_KEY, as vLLM's benchmark client); "
+                        "never written to the result file.")
     p.add_argument("--dataset-name", default="random", choices=["random"])
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=64)
@@ -316,14 +324,17 @@ def main(argv: list[str] | None = None) -> dict:
         metrics["throughput_ratio"] = metrics["output_throughput"] / metrics["offline"]["output_throughput"]
         metrics["median_ttft_overhead_ms"] = metrics["median_ttft_ms"] - metrics["offline"]["median_ttft_ms"]
     report(metrics)
-    return _save(args, argv, metrics)
+    saved = _save(args, argv, metrics)
+    if not metrics["completed"]:
+        raise SystemExit(f"no request succeeded: {metrics['errors'][0] if metrics['errors'] else 'no reply'}")
+    return saved
 
 
 def _save(args: argparse.Namespace, argv: list[str] | None, metrics: dict) -> dict:
     if args.save_result:
         record = {"command": " ".join(["python", *sys.argv]) if argv is None else " ".join(argv),
                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": "tessera",
-                  "host_cpus": os.cpu_count(), "load_average_1_5_15m_at_end": os.getloadavg(), **{k: v for k, v in vars(args).items()}, **metrics}
+                  "host_cpus": os.cpu_count(), "load_average_1_5_15m_at_end": os.getloadavg(), **{k: v for k, v in vars(args).items() if k != "api_key"}, **metrics}
         record["request_rate"] = str(args.request_rate)
         name = args.result_filename or time.strftime(
             f"serving-{args.model}-in{args.random_input_len}-out{args.random_output_len}-c{args.max_concurrency}"

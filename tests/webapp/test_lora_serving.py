@@ -204,6 +204,7 @@ def test_bad_adapters_are_refused_naming_the_limit_and_nothing_is_registered(lor
         ({"lora_name": "x", "lora_path": str(folder / "rank16")}, 400, "max_lora_rank", ["16", str(MAX_LORA_RANK)]),
         ({"lora_name": "x", "lora_path": str(folder / "other-base")}, 400, "lora_path", ["shape"]),
         ({"lora_name": "x"}, 400, "lora_path", ["required"]),
+        ({"lora_name": "x", "lora_path": "adapters/owned"}, 400, "lora_path", ["absolute path"]),
         ({"lora_path": str(folder / "owned")}, 400, "lora_name", ["required"]),
         ({"lora_name": "startup", "lora_path": str(folder / "owned")}, 400, "lora_name", ["start-up"]),
         ({"lora_name": MODEL, "lora_path": str(folder / "owned")}, 400, "lora_name", ["served model"]),

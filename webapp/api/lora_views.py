@@ -15,6 +15,7 @@ database, from which every worker of the base model loads it (:mod:`webapp.catal
 from __future__ import annotations
 
 import asyncio
+import os
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -95,6 +96,9 @@ async def load_lora_adapter(request: HttpRequest, caller: Caller) -> HttpRespons
     path = body.get("lora_path", str, None)
     if not path or not path.strip():
         raise bad_request("'lora_path' (the adapter's folder, as the workers see it) is required.", param="lora_path")
+    if not os.path.isabs(path.strip()):  # relative to which worker's folder? It would differ from host to host
+        raise bad_request(f"'lora_path' must be an absolute path (the adapter's folder as the workers see it), "
+                          f"got {path!r}.", param="lora_path")
     if await sync_to_async(LoRAAdapter.objects.filter(name=name).exists)():
         raise bad_request(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
     clash = await name_clash(name)
