@@ -30,7 +30,7 @@ class Command(BaseCommand):
         days = options["expires_in_days"]
         if days is not None and not MIN_EXPIRY_DAYS <= days <= MAX_EXPIRY_DAYS:  # before anything is created (NaN too)
             raise CommandError(f"--expires-in-days must be a number of days from {MIN_EXPIRY_DAYS:.6f} (one minute) "
-                               f"to {MAX_EXPIRY_DAYS} (10 years, as the tenant page's form; omit it for a key that "
+                               f"to {MAX_EXPIRY_DAYS} (10 years, the tenant page's longest; omit it for a key that "
                                f"never expires), got {days}.")
         max_name = ApiKey._meta.get_field("name").max_length
         if len(options["name"]) > max_name:
