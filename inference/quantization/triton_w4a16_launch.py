@@ -91,10 +91,10 @@ def tile_config(M: int, N: int, K: int, num_sms: int) -> DecodeConfig:
     small = M <= 16
     split_tile_n = (128 if N >= 16384 else 64) if small else 128
     programs_per_sm = 4 if small else 2
-    if triton.cdiv(N, 128) >= 2 * num_sms:  # the output tiles alone give two programs an SM: no split
-        return DecodeConfig(block_n=128, split_k=1, num_warps=4, tile_mma=True, zero_in_regs=True, x_in_loop=True)
     split_k = 2 ** max(0, round(math.log2(max(1.0, programs_per_sm * num_sms / triton.cdiv(N, split_tile_n)))))
     split_k = max(1, min(split_k, 16, k_tiles // 3))
+    if triton.cdiv(N, 128) >= 2 * num_sms:  # the output tiles alone give two programs an SM: no split
+        split_k = 1
     return DecodeConfig(block_n=128, split_k=split_k, num_warps=4, tile_mma=True, zero_in_regs=True,
                         x_in_loop=True)
 
