@@ -55,7 +55,9 @@
 #                    BASE_ROUNDS (default "a b"): issue 26's goals on a card where its baselines were not taken. W3's
 #                    baseline is BASE_W3 (default 8de9955, whose median TPOT of 6.56 ms on an H200 is the goal), W2's
 #                    BASE_W2 (default dc3bd59, the tree when the issue measured 41,479 tok/s at default flags). Each
-#                    tree is .gpucache/base-COMMIT (git archive COMMIT inference benchmarks | tar -x -C that folder)
+#                    tree is .gpucache/base-COMMIT (git archive COMMIT inference benchmarks | tar -x -C that folder).
+#                    BASE_WORKLOADS=w4a16-decode: AWQ and bf16 decode steps at batch 1/8/16 against BASE_W4 (default
+#                    149753d, the W4A16 launch configs before gate_up ran unsplit)
 #   window-lengths   W2 at default flags with window graphs for every engine-sized window length (2, 4, 8 steps; the
 #                    default) and for the longest only (--window-graphs-longest-only), alternating, rounds WL_ROUNDS
 #                    (default "a b")
@@ -258,12 +260,17 @@ for step in "$@"; do
   baseline)
     for r in ${BASE_ROUNDS:-a b}; do
       for w in ${BASE_WORKLOADS:-w3 w2}; do
-        case $w in w2) flags=$W2 base=${BASE_W2:-dc3bd59} ;; *) flags=$W3 base=${BASE_W3:-8de9955} ;; esac
+        case $w in
+          w2) cmd="$TP $W2" base=${BASE_W2:-dc3bd59} ;;
+          w4a16-decode) cmd="$PY benchmarks/quantization.py --model $M7 --methods bf16 awq --batch-sizes 1 8 16
+            --skip-kernels --skip-throughput --decode-steps 64" base=${BASE_W4:-149753d} ;;
+          *) cmd="$TP $W3" base=${BASE_W3:-8de9955} ;;
+        esac
         bdir=.gpucache/base-$base
         [ -d "$bdir" ] || { echo "missing $bdir: git archive $base inference benchmarks | tar -x -C $bdir"; exit 2; }
         mkdir -p "$bdir/.gpucache"
         for d in qwen2.5-0.5b qwen2.5-7b; do ln -sfn "$PWD/.gpucache/$d" "$bdir/.gpucache/$d"; done
-        (cd "$bdir" && TESSERA_CACHE_DIR=/tmp/tessera-cache-$base run_step $w-base-$r 300 $TP $flags \
+        (cd "$bdir" && TESSERA_CACHE_DIR=/tmp/tessera-cache-$base run_step $w-base-$r 300 $cmd \
           --output-json "$(name $w-commit-$base "" _$r)")
         $PY - "$(name $w-commit-$base "" _$r)" "$base" <<'EOF'
 import json, sys
@@ -274,7 +281,7 @@ if path.exists():  # the earlier tree does not stamp its commit
     data["commit"] = sys.argv[2]
     path.write_text(json.dumps(data, indent=1) + "\n")
 EOF
-        run_step $w-head-$r 300 $TP $flags --output-json "$(name $w "" _$r)"
+        run_step $w-head-$r 300 $cmd --output-json "$(name $w "" _$r)"
       done
     done ;;
   window-lengths)
