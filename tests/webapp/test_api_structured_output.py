@@ -156,6 +156,25 @@ def test_streamed_tool_calls_are_reassembled_by_the_sdk(stack):
             assert call.function.arguments == whole.choices[0].message.tool_calls[0].function.arguments
 
 
+def test_required_tool_calls_stream_while_they_are_written(stack):
+    client = stack.openai()
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=64, temperature=0,
+                  parallel_tool_calls=False)
+    (whole,) = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    with_calls = [i for i, c in enumerate(chunks) if c.choices[0].delta.tool_calls]
+    # the name comes as soon as it is written, the arguments piece by piece, not all in the last chunk
+    assert len(with_calls) >= 3 and with_calls[0] < len(chunks) - 2, with_calls
+    for c in chunks:  # one entry per call in a chunk
+        indexes = [d.index for d in c.choices[0].delta.tool_calls or []]
+        assert len(indexes) == len(set(indexes)), c
+    deltas = [d for i in with_calls for d in chunks[i].choices[0].delta.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == whole.function.name
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    assert "".join(d.function.arguments or "" for d in deltas) == whole.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
 def test_auto_needs_the_server_flags(stack):
     status, _, body = http("POST", stack.base_url + "/v1/chat/completions",
                            {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 4})

@@ -25,7 +25,7 @@ from . import formatting
 from .adapters import Adapter
 from .errors import APIError, no_worker, queue_unreachable, unavailable
 from .protocol import GenerationOptions
-from .tools import ToolExtractor, tool_call_delta_json, tool_call_json
+from .tools import ToolExtractor, merge_call_deltas, tool_call_delta_json, tool_call_json
 
 
 @dataclass
@@ -295,7 +295,7 @@ class Generation:
         if content:
             delta["content"] = content
         if calls:
-            delta["tool_calls"] = [tool_call_delta_json(d) for d in calls]
+            delta["tool_calls"] = [tool_call_delta_json(d) for d in merge_call_deltas(calls)]
         return delta, c.tools.finish_reason(c.finish_reason, c.made_calls)
 
     # ---- shared --------------------------------------------------------------------

@@ -14,17 +14,18 @@ Both constrain strictly (OpenAI's ``strict``): no property a tool's schema does 
 unless the schema allows additional properties itself.
 
 The parsed calls come back as OpenAI's ``message.tool_calls`` with ``finish_reason:
-"tool_calls"`` (``"stop"`` for a named function, as OpenAI), or streamed as ``delta.tool_calls``.
+"tool_calls"`` (``"stop"`` for a named function, as OpenAI), or streamed as ``delta.tool_calls`` while they
+are written: a call's ``id`` and ``name`` once its name ends, then its arguments as they come.
 """
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .errors import bad_request
-from .tool_parsers import ExtractedToolCalls, ToolCall, ToolCallDelta, get_tool_parser, random_call_id
+from .tool_parsers import ExtractedToolCalls, ToolCall, ToolCallDelta, ToolParser, get_tool_parser, random_call_id
+from .tool_parsers.json_calls import JsonListParser
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -75,11 +76,12 @@ class ToolChoice:
         """A new extractor for one choice's output (None for ``none``)."""
         if self.mode == "none":
             return None
+        tools = list(self.tools)
         if self.mode == "auto":
-            return _ParsedCalls(self)
+            return _ParsedCalls(lambda: get_tool_parser(self.parser)(tools))
         if self.mode == "named":
             return _NamedCall(self.name)
-        return _RequiredCalls()
+        return _ParsedCalls(lambda: JsonListParser(tools))
 
 
 def parse_tool_choice(data: dict[str, Any], parser: str | None, auto_enabled: bool) -> ToolChoice | None:
@@ -158,11 +160,12 @@ class ToolExtractor(ABC):
 
 
 class _ParsedCalls(ToolExtractor):
-    """``auto``: the server's tool-call parser."""
+    """A streaming tool parser's calls: the server's ``--tool-call-parser`` under ``auto``, the JSON list of
+    calls under ``required`` (streamed as it is written, each call's arguments as they come)."""
 
-    def __init__(self, choice: ToolChoice) -> None:
-        self._make = lambda: get_tool_parser(choice.parser)(list(choice.tools))
-        self._parser = self._make()
+    def __init__(self, make: Callable[[], ToolParser]) -> None:
+        self._make = make
+        self._parser = make()
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         return self._parser.feed(text)
@@ -172,32 +175,6 @@ class _ParsedCalls(ToolExtractor):
 
     def result(self, text: str) -> ExtractedToolCalls:
         return self._make().extract(text)
-
-
-class _RequiredCalls(ToolExtractor):
-    """``required``: the output is a JSON array of calls; sent whole once it is complete."""
-
-    def __init__(self) -> None:
-        self._text = ""
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._text += text
-        return "", []
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        extracted = self.result(self._text)
-        deltas = []
-        for index, call in enumerate(extracted.tool_calls):
-            deltas += [ToolCallDelta(index, call.id, call.name, ""), ToolCallDelta(index, None, None, call.arguments)]
-        return extracted.content or "", deltas
-
-    def result(self, text: str) -> ExtractedToolCalls:
-        try:
-            calls = json.loads(text)
-        except ValueError:  # cut by max_tokens: what there is, as text
-            return ExtractedToolCalls(text or None, [])
-        return ExtractedToolCalls(None, [ToolCall(random_call_id(), c["name"],
-                                                  json.dumps(c["parameters"], ensure_ascii=False)) for c in calls])
 
 
 class _NamedCall(ToolExtractor):
@@ -225,6 +202,20 @@ class _NamedCall(ToolExtractor):
 def tool_call_json(call: ToolCall) -> dict[str, Any]:
     """OpenAI's ``message.tool_calls[i]``."""
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def merge_call_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """``deltas`` with each run of one call's deltas joined into one, so that a chunk holds one entry per call
+    (a call's first delta keeps its ``id`` and ``name``; the arguments are concatenated)."""
+    merged: list[ToolCallDelta] = []
+    for delta in deltas:
+        if merged and merged[-1].index == delta.index:
+            last = merged[-1]
+            merged[-1] = ToolCallDelta(last.index, last.id or delta.id, last.name or delta.name,
+                                       last.arguments + delta.arguments)
+        else:
+            merged.append(delta)
+    return merged
 
 
 def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:

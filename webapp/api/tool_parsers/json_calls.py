@@ -1,7 +1,8 @@
 """Tool calls written as JSON objects ``{"name": ..., "arguments": {...}}``, scanned as they stream.
 
 The hermes, llama3_json and mistral formats differ only in what surrounds these objects;
-:class:`JsonCallsParser` streams one object at a time with :class:`CallObjectScanner`.
+:class:`JsonCallsParser` streams one object at a time with :class:`CallObjectScanner`, and
+:class:`JsonListParser` reads a JSON list of them (mistral's, and ``tool_choice: "required"``'s output).
 A call's arguments are the object's ``arguments`` (or ``parameters``) value exactly as the
 model wrote it, so the streamed fragments are the characters of that value as they arrive;
 a value written as a JSON string holding an object is decoded and sent when it ends.
@@ -254,3 +255,32 @@ class JsonCallsParser(StreamingToolParser):
         arguments = scanner.arguments if scanner.arguments_started else ("{}" if scanner.done else "")
         sent = sum(len(part) for part in call.arguments)
         self._emit_arguments(arguments[sent:])
+
+
+class JsonListParser(JsonCallsParser):
+    """A JSON list of call objects, ``[{"name": ..., "parameters": {...}}, ...]``, from the output's start.
+
+    What ``tool_choice: "required"`` constrains the output to; subclasses start it after other text. Whitespace
+    after the list is dropped, other text there is content.
+    """
+
+    def _initial_mode(self) -> Mode:
+        return self._list_open_mode
+
+    def _accepting_modes(self) -> tuple[Mode, ...]:
+        return (self._between_mode,)
+
+    def _after_object(self) -> Mode:
+        return self._list_next_mode
+
+    def _list_open_mode(self, final: bool) -> bool:
+        """Whitespace, then ``[``."""
+        return self._token_mode({"[": self._object_start_mode})
+
+    def _list_next_mode(self, final: bool) -> bool:
+        """After a call object: ``,`` and the next, or ``]``."""
+        return self._token_mode({",": self._object_start_mode, "]": self._between_mode})
+
+    def _between_mode(self, final: bool) -> bool:
+        """After the list: whitespace is dropped, the rest is content."""
+        return self._drop_ws_mode(self._plain_mode)

@@ -11,12 +11,12 @@ parser makes those. Whitespace after the list is dropped, other text there is co
 from __future__ import annotations
 
 from .base import Mode, random_call_id
-from .json_calls import JsonCallsParser
+from .json_calls import JsonListParser
 
 TOOL_CALLS_TOKEN = "[TOOL_CALLS]"
 
 
-class MistralToolParser(JsonCallsParser):
+class MistralToolParser(JsonListParser):
     """Parser for ``[TOOL_CALLS][{...}, ...]``; registered as ``mistral``."""
 
     name = "mistral"
@@ -31,20 +31,5 @@ class MistralToolParser(JsonCallsParser):
     def _accepting_modes(self) -> tuple[Mode, ...]:
         return (self._content_mode, self._between_mode)
 
-    def _after_object(self) -> Mode:
-        return self._list_next_mode
-
     def _content_mode(self, final: bool) -> bool:
         return self._marker_content_mode(TOOL_CALLS_TOKEN, self._list_open_mode, final)
-
-    def _list_open_mode(self, final: bool) -> bool:
-        """After ``[TOOL_CALLS]``: whitespace, then ``[``."""
-        return self._token_mode({"[": self._object_start_mode})
-
-    def _list_next_mode(self, final: bool) -> bool:
-        """After a call object: ``,`` and the next, or ``]``."""
-        return self._token_mode({",": self._object_start_mode, "]": self._between_mode})
-
-    def _between_mode(self, final: bool) -> bool:
-        """After the list: whitespace is dropped, the rest is content."""
-        return self._drop_ws_mode(self._plain_mode)
