@@ -279,3 +279,15 @@ def test_serve_passes_the_lora_flags_to_its_workers():
     assert args.lora_modules == ["a=/x", '{"name": "b", "path": "/y"}', "c=/z"]
     assert engine_args_from_options(vars(parser.parse_args(engine_argv(args)))) == args
     assert [m.lora_name for m in args.create_engine_config().lora.modules] == ["a", "b", "c"]
+
+
+def test_startup_adapters_stay_with_the_startup_model():
+    """An admin-loaded model on the same weights under another name does not get ``--lora-modules`` (their names
+    would then name adapters of two models); the start-up model resumed on a new worker keeps them."""
+    from inference import EngineArgs
+    from webapp.serving.model_spec import ModelSpec
+
+    base = EngineArgs(model=MODEL, served_model_name="smol", enable_lora=True, lora_modules=["sql=/adapters/sql"])
+    assert ModelSpec.from_engine_args(base).engine_args(base).lora_modules == ["sql=/adapters/sql"]
+    assert ModelSpec(name="smol-long", source=MODEL, max_model_len=4096).engine_args(base).lora_modules is None
+    assert ModelSpec(name="smol", source="/models/other.gguf").engine_args(base).lora_modules is None

@@ -47,8 +47,12 @@ class ModelSpec:
             max_num_seqs=self.max_num_seqs, tensor_parallel_size=self.tensor_parallel_size,
             # a tokenizer flag belongs to the model the worker was started with, not to this one
             tokenizer=base.tokenizer if base.model == self.source else None,
-            # so do the LoRA adapters of --lora-modules (trained on that model)
-            lora_modules=base.lora_modules if base.model == self.source else None)
+            # the adapters of --lora-modules are the start-up model's only: another name on the same weights
+            # would serve them twice (docs/lora_serving.md)
+            lora_modules=base.lora_modules if self._is_startup_model(base) else None)
+
+    def _is_startup_model(self, base: EngineArgs) -> bool:
+        return self.name == (base.served_model_name or base.model) and self.source == base.model
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "ModelSpec":
