@@ -209,6 +209,11 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(sta
     assert ok[0] == 200 and json.loads(ok[2])["count"] >= 1000  # long, but within reach: tokenized
 
 
+def test_tokenize_takes_a_prompt_or_messages_not_both(stack):
+    error = _error(http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": "Hi", "messages": CHAT}), 400)
+    assert error["param"] == "messages" and "not both" in error["message"], error
+
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
@@ -218,6 +223,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
     ({"tools": [5], "tool_choice": "none"}, "tools"),  # still a list of function tools
     ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "tools"),
+    ({"tools": TOOLS * 2, "tool_choice": "required"}, "tools"),  # two functions of one name
     ({"functions": [{"name": "f"}], "tool_choice": "none"}, "functions"),  # the deprecated form: function_call's
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true

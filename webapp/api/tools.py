@@ -115,6 +115,10 @@ def parse_tool_choice(data: dict[str, Any], parser: str | None, auto_enabled: bo
         if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
             raise bad_request(f"'tools[{i}].function.parameters' must be a JSON schema (an object).", param="tools")
     names = [t["function"]["name"] for t in tools]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise bad_request(f"'tools[{i}]' names the function {name!r:.80} again; each tool needs a name of its own.",
+                              param="tools")
     if choice is None:
         choice = "auto"
     if isinstance(choice, dict):

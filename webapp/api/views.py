@@ -185,6 +185,8 @@ async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
         raise no_worker(served.name)
     max_model_len = min(int(w["max_model_len"]) for w in workers)
     max_chars = tokenizer.max_text_chars(max_model_len)
+    if "messages" in body.data and "prompt" in body.data:
+        raise APIError("Send either 'prompt' or 'messages', not both.", 400, param="messages")
     if "messages" in body.data:
         # The chat endpoint's checks and template options, e.g. tools and continue_final_message as there.
         _, messages, template = parse_chat(Body({k: v for k, v in body.data.items() if k in _CHAT_TOKENIZE_FIELDS}))
