@@ -12,7 +12,7 @@ Everything here is plain data; :mod:`.stats_poller` reads Redis, :mod:`.access` 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from webapp.serving.worker_metrics import HISTOGRAM_BOUNDS
@@ -24,11 +24,13 @@ TPOT = "request_time_per_output_token_seconds"
 @dataclass(frozen=True)
 class Sample:
     """One read of Redis at ``time`` (Unix seconds): ``workers`` are the live heartbeat dicts
-    (:func:`webapp.serving.worker_registry.live_workers`), ``totals`` maps model -> totals field -> value."""
+    (:func:`webapp.serving.worker_registry.live_workers`), ``totals`` maps model -> totals field -> value,
+    ``queued`` model -> requests queued in Redis, not yet taken by a worker."""
 
     time: float
     workers: tuple[dict[str, Any], ...]
     totals: dict[str, dict[str, float]]
+    queued: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class ModelStats:
     ``ttft_counts`` / ``tpot_counts`` are the workers' histogram bucket counts of the last
     ``recent_stats.WINDOW`` seconds, per bucket of ``HISTOGRAM_BOUNDS`` (``+Inf`` last); the
     ``prefix_cache_*`` figures are tokens over the same window; ``num_preemptions_total`` is
-    cumulative over all the model's workers, past ones included.
+    cumulative over all the model's workers, past ones included; ``num_queued`` the requests waiting in
+    Redis for a worker (counted as waiting besides the workers' own backlogs).
     """
 
     name: str
@@ -69,6 +72,7 @@ class ModelStats:
     num_preemptions_total: float
     ttft_counts: tuple[float, ...]
     tpot_counts: tuple[float, ...]
+    num_queued: int = 0
 
 
 def histogram_quantile(q: float, bounds: tuple[float, ...], counts: tuple[float, ...]) -> float | None:
@@ -148,7 +152,7 @@ def model_stats(sample: Sample) -> list[ModelStats]:
             prefix_cache_queries=sum(r.get("prefix_cache_queries", 0) for r in recents),
             prefix_cache_hits=sum(r.get("prefix_cache_hits", 0) for r in recents),
             num_preemptions_total=sample.totals.get(name, {}).get("num_preemptions_total", 0.0),
-            ttft_counts=ttft, tpot_counts=tpot))
+            ttft_counts=ttft, tpot_counts=tpot, num_queued=sample.queued.get(name, 0)))
     return models
 
 
@@ -163,7 +167,7 @@ def summarize(models: list[ModelStats]) -> dict[str, Any]:
     summary = {
         "num_workers": len(workers),
         "num_requests_running": sum(w.num_running for w in workers),
-        "num_requests_waiting": sum(w.num_waiting for w in workers),
+        "num_requests_waiting": sum(w.num_waiting for w in workers) + sum(m.num_queued for m in models),
         "output_tokens_per_s": sum(rates) if rates else None,
         "kv_cache_usage": (total - sum(m.num_free_blocks for m in models)) / total if total else 0.0,
         "prefix_cache_hit_rate": sum(m.prefix_cache_hits for m in models) / queries if queries else None,

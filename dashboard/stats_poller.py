@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 from asgiref.sync import sync_to_async
 
 from webapp.serving.client import get_redis
+from webapp.serving.request_queue import queued_counts
 from webapp.serving.worker_registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 
 from .served_shares import ServedShares, read_served
@@ -89,7 +90,8 @@ class StatsPoller:
         workers = await live_workers(redis, include_idle=True)  # idle, loading and failed ones too
         now = time.time()
         names = sorted({w["model"] for w in workers if w.get("model")})
-        sample = Sample(now, tuple(workers), await model_totals(redis, names) if names else {})
+        sample = Sample(now, tuple(workers), await model_totals(redis, names) if names else {},
+                        await queued_counts(redis, names) if names else {})
         if now - self._tenants_read >= TENANT_REFRESH:
             self._tenants = await sync_to_async(tenant_usage_today)()
             self._tenants_read = now

@@ -1,7 +1,8 @@
 """``GET /metrics``: vLLM's metric names, per model.
 
 Gauges (running and waiting requests, KV-cache usage) are summed over the live workers'
-heartbeats. Counters and histograms come from the model's totals in Redis, to which every
+heartbeats; ``vllm:num_requests_waiting`` adds the requests still queued in Redis for the model (every
+accepted request not yet running waits, in an engine's backlog or in the model's queue). Counters and histograms come from the model's totals in Redis, to which every
 worker adds its increments (:mod:`webapp.serving.worker_metrics`): they cover all workers past
 and present, so a worker that stops or restarts never makes them go backwards. Each carries
 ``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
@@ -44,7 +45,6 @@ CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "gp
                        "num_gpu_blocks", "num_cpu_blocks", "swap_space")
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),
-    "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
     "vllm:num_requests_swapped": ("num_swapped", "Number of requests swapped to CPU."),
 }
 COUNTERS = {  # metric -> (totals field, help)
@@ -69,8 +69,10 @@ class WorkersCollector:
     totals (counters, histograms), and the tenants' counters."""
 
     def __init__(self, workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
-                 tenant_counters: list[tuple[str, str, str, str, float]] = ()) -> None:
+                 tenant_counters: list[tuple[str, str, str, str, float]] = (),
+                 queued: dict[str, int] | None = None) -> None:
         self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.queued = queued or {}
         self.totals = {model: dict(values) for model, values in totals.items()}
         self.workers = workers
         self.tenant_counters = tenant_counters
@@ -119,6 +121,12 @@ class WorkersCollector:
         yield live
         for name, (field, doc) in GAUGES.items():
             yield self._gauge(name, doc, lambda ws, f=field: sum(w["stats"].get(f, 0) for w in ws))
+        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                                    labels=["model_name"])
+        for model, workers in self.by_model.items():
+            waiting.add_metric([model], sum(w["stats"].get("num_waiting", 0) for w in workers)
+                               + self.queued.get(model, 0))
+        yield waiting
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                           _usage("num_total_blocks", "num_free_blocks"))
         yield self._gauge("tessera:kv_cache_free_blocks", "Free KV-cache blocks over the live workers.",
@@ -196,7 +204,7 @@ def _usage(total_field: str, free_field: str):
 
 
 def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
-           tenant_counters: list[tuple[str, str, str, str, float]] = ()) -> bytes:
+           tenant_counters: list[tuple[str, str, str, str, float]] = (), queued: dict[str, int] | None = None) -> bytes:
     """Prometheus text exposition, labelled by ``model_name``.
 
     Args:
@@ -205,7 +213,8 @@ def render(workers: list[dict[str, Any]], totals: dict[str, dict[str, float]],
         totals: ``model -> {field: value}`` from :func:`webapp.serving.worker_registry.model_totals`
             for every served model (counters and histograms).
         tenant_counters: :func:`tenants.counters.read`'s rows.
+        queued: model -> requests queued in Redis (:func:`webapp.serving.request_queue.queued_counts`).
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkersCollector(workers, totals, tenant_counters))
+    registry.register(WorkersCollector(workers, totals, tenant_counters, queued))
     return generate_latest(registry)

@@ -64,11 +64,12 @@ def test_workers_without_a_model_are_listed_apart_and_rows_are_cut_per_viewer(dj
                "stats": {"num_running": 3, "num_waiting": 12, "num_total_blocks": 100, "num_free_blocks": 25},
                "recent": {"output_tokens_per_s": 42.0}}
     loading = {"id": "w2", "model": None, "host": "gpu2", "state": "loading", "started": 90.0, "stats": {}}
-    sample = Sample(100.0, (serving, loading), {"m": {"num_preemptions_total": 7.0}})
+    sample = Sample(100.0, (serving, loading), {"m": {"num_preemptions_total": 7.0}}, {"m": 5})
     state = State(100.0, model_stats(sample), idle_workers(sample), [])
     staff = visible_snapshot(state, Viewer("ops", True, frozenset(), None))
     (model,) = staff["models"]
-    assert (model["name"], model["num_requests_waiting"], model["kv_cache_usage"]) == ("m", 12, 0.75)
+    # waiting: the worker's backlog and the requests still queued in Redis
+    assert (model["name"], model["num_requests_waiting"], model["kv_cache_usage"]) == ("m", 17, 0.75)
     assert model["output_tokens_per_s"] == 42.0 and model["num_preemptions_total"] == 7.0
     assert model["workers"][0]["uptime_s"] == 60.0 and model["workers"][0]["device"] == "cuda:0"
     assert [(w["id"], w["state"], w["model"]) for w in staff["idle_workers"]] == [("w2", "loading", "")]

@@ -182,3 +182,30 @@ def test_a_request_whose_params_do_not_decode_is_still_claimed_for_its_400(serve
         QueuedRequest.decode(taken.message)
     with pytest.raises(ValueError, match="not a queued request"):
         QueuedRequest.decode("r 1\n[1]")
+
+
+def test_queued_requests_count_as_waiting_in_metrics(server):
+    """Requests no worker has taken yet are waiting too: ``vllm:num_requests_waiting`` adds them to the workers'
+    own backlogs, per model and over every tenant's queue."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from webapp import metrics
+
+    client, url = server
+    enqueue(url, [request(f"{t}{i}", t) for i in range(5) for t in ("low", "high", None)])
+    take_all(client, 4)
+
+    async def counts() -> dict[str, int]:
+        aio = aioredis.Redis.from_url(url)
+        try:
+            return await request_queue.queued_counts(aio, [MODEL, "other"])
+        finally:
+            await aio.aclose()
+
+    queued = asyncio.run(counts())
+    assert queued == {MODEL: 11, "other": 0}
+    worker = {"id": "w1", "model": MODEL, "stats": {"num_running": 2, "num_waiting": 2}}
+    text = metrics.render([worker], {MODEL: {}}, (), queued).decode()
+    waiting = {s.labels["model_name"]: s.value for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == "vllm:num_requests_waiting"}
+    assert waiting == {MODEL: 13}

@@ -16,6 +16,7 @@ from tenants.identity import Caller
 from tenants.metering import Meter
 from webapp import metrics as prometheus
 from webapp.serving.client import get_redis, model_workers
+from webapp.serving.request_queue import queued_counts
 from webapp.serving.worker_registry import live_workers, model_totals
 from webapp.transport.keys import METRICS_MODELS_KEY
 from webapp.version import __version__
@@ -261,7 +262,8 @@ async def metrics(request: HttpRequest, tenant) -> HttpResponse:
     workers = await live_workers(redis, include_idle=True)
     models = sorted({s.name for s in served_models()} | {w["model"] for w in workers if w.get("model")}
                     | {m.decode() for m in await redis.smembers(METRICS_MODELS_KEY)})
-    body = prometheus.render(workers, await model_totals(redis, models), await tenant_counters.read(redis))
+    body = prometheus.render(workers, await model_totals(redis, models), await tenant_counters.read(redis),
+                             await queued_counts(redis, models))
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

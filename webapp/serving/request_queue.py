@@ -44,7 +44,7 @@ from webapp.transport.wire import InvalidParams, QueuedRequest
 from .worker_registry import ABORTED, CLAIM_TTL, REQUEUED
 
 __all__ = ["QueuedRequest", "Taken", "CLAIMED", "ABORTED_BEFORE", "TAKEN", "epoch", "enqueue", "take", "next_tenant",
-           "requeue", "refund", "wait_doorbell", "drop_queued", "served_tokens"]
+           "requeue", "refund", "wait_doorbell", "drop_queued", "queued_counts", "served_tokens"]
 
 
 async def epoch(redis) -> str:
@@ -171,6 +171,29 @@ async def drop_queued(redis, queue: str, request_ids: list[str]) -> int:
         RedisError: Redis could not be reached.
     """
     return int(await redis.eval(queue_scripts.DROP, 1, queue, *request_ids))
+
+
+async def queued_counts(redis, models: list[str]) -> dict[str, int]:
+    """Model -> requests waiting in its queues in Redis (not yet taken by a worker; those of clients that left
+    count until a worker drops them). Two round trips whatever the number of models and tenants.
+
+    Raises:
+        RedisError: Redis could not be reached.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        pipe.smembers(queues_key(model))
+    tenants = await pipe.execute()
+    pipe = redis.pipeline(transaction=False)
+    owners = []
+    for model, slugs in zip(models, tenants):
+        for slug in slugs:
+            pipe.llen(queue_key(model, slug.decode() if isinstance(slug, bytes) else slug))
+            owners.append(model)
+    counts = dict.fromkeys(models, 0)
+    for model, length in zip(owners, await pipe.execute() if owners else []):
+        counts[model] += int(length)
+    return counts
 
 
 def served_tokens(raw: dict[bytes, bytes]) -> dict[str | None, int]:
