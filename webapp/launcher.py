@@ -144,19 +144,22 @@ def start_daphne(host: str, port: int, env: dict[str, str], log_path: str | None
                  env=env, log_path=log_path, pass_fds=(fd,) if fd is not None else ())
 
 
-def start_web(host: str, port: int, env: dict[str, str], count: int = 1) -> list[Child]:
-    """``count`` Daphne processes serving ``host:port``.
+def start_web(host: str, port: int, env: dict[str, str], count: int = 1) -> tuple[list[Child], socket.socket]:
+    """``count`` Daphne processes serving ``host:port``; returns them and the listening socket.
 
-    With several, this process binds the listening socket and each Daphne accepts from it
-    (``--fd``); the kernel spreads connections over them, like vLLM's ``--api-server-count``.
-    Each web process has its own reply router; limits and metrics live in Redis, so they hold
-    across processes.
+    This process binds the listening socket and each Daphne accepts from it (``--fd``); the kernel spreads
+    connections over them, like vLLM's ``--api-server-count``. The caller keeps the socket open while it serves:
+    a Daphne started in place of a dead one accepts from it too (:func:`start_daphne` with its ``fileno()``), and
+    connections that arrive meanwhile wait in its backlog instead of being refused. Each web process has its own
+    reply router; limits and metrics live in Redis, so they hold across processes.
     """
-    if count == 1:
-        return [start_daphne(host, port, env)]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.create_server((host, port), family=family, backlog=4096) as listener:
-        return [start_daphne(host, port, env, fd=listener.fileno()) for _ in range(count)]
+    listener = socket.create_server((host, port), family=family, backlog=4096)
+    try:
+        return [start_daphne(host, port, env, fd=listener.fileno()) for _ in range(count)], listener
+    except BaseException:
+        listener.close()
+        raise
 
 
 def check_port_free(host: str, port: int) -> None:

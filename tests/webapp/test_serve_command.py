@@ -109,6 +109,21 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         reply = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_headers={"X-Tenant-ID": "team1"})
         assert reply.usage.completion_tokens >= 1
 
+        # Both web processes die: serve starts new ones on the socket it kept, and the port answers again.
+        daphnes = [pid for pid, cmd in _children(serve.pid).items() if "daphne" in cmd]
+        for pid in daphnes:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while sum(b"A web process (Daphne) exited" in line for line in (tmp_path / "serve.log").read_bytes()
+                  .splitlines()) < 2:
+            assert time.monotonic() < deadline and serve.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
+        reply = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+        assert reply.usage.completion_tokens >= 1
+        new = [pid for pid, cmd in _children(serve.pid).items() if "daphne" in cmd]
+        assert len(new) == 2 and not set(new) & set(daphnes), (daphnes, new)
+
         children = _children(serve.pid)
         serve.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert serve.wait(60) == 0

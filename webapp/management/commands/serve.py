@@ -3,8 +3,9 @@
 Starts a private redis-server (unless ``REDIS_URL`` is set), ``--data-parallel-size``
 engine workers and Daphne; Ctrl-C (or SIGTERM) stops them all. A worker that exits (its
 engine failed, or it was killed) is started again, up to ``MAX_RESTARTS`` times per worker in
-``RESTART_WINDOW`` seconds, and so is the private redis-server (its own ``MAX_RESTARTS``); past
-that, serve stops everything rather than restart in a loop. Flags are vLLM's.
+``RESTART_WINDOW`` seconds, and so are a Daphne process (accepting from the listening socket
+serve keeps) and the private redis-server (their own ``MAX_RESTARTS``); past that, serve stops
+everything rather than restart in a loop. Flags are vLLM's.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from webapp.cli import add_engine_arguments, add_worker_arguments, engine_argv, 
 
 logger = logging.getLogger("tessera.serve")
 
-MAX_RESTARTS = 5  # restarts per worker (and of Redis) allowed within RESTART_WINDOW seconds before serve gives up
+MAX_RESTARTS = 5  # restarts per worker (and per Daphne, and of Redis) allowed within RESTART_WINDOW seconds
 RESTART_WINDOW = 600.0
 
 
@@ -182,6 +183,7 @@ class Command(BaseCommand):
             self.stderr.write("Warning: --allow-credentials with every origin allowed lets any website send requests "
                               "with the user's cookies and read the answers; list the origins (--allowed-origins).")
         children: list[launcher.Child] = []
+        self.listener = None  # the web processes' listening socket, kept for a Daphne started in a dead one's place
         # Ctrl-C and SIGTERM both stop everything. SIGINT explicitly too: a shell starting serve in the
         # background without job control makes it ignore SIGINT, and Python then installs no handler.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -192,6 +194,8 @@ class Command(BaseCommand):
             self.stdout.write("Stopping...")
         finally:
             launcher.stop_all(children)  # web and workers together, Redis last
+            if self.listener is not None:
+                self.listener.close()
             shared_redis = os.environ.get("REDIS_URL")
             if shared_redis and getattr(self, "slots", None):  # a private Redis is gone with its records
                 worker_slot.forget(redis.Redis.from_url(shared_redis, socket_timeout=5), self.slots)
@@ -222,7 +226,9 @@ class Command(BaseCommand):
         for slot in self.slots:  # a slot each: a restart in it resumes its model
             children.append(launcher.start_worker(engine_argv(engine_args) + worker_argv(options),
                                                   {**env, "TESSERA_WORKER_SLOT": slot}))
-        children.extend(launcher.start_web(options["host"], options["port"], env, count=options["api_server_count"]))
+        web_children, self.listener = launcher.start_web(options["host"], options["port"], env,
+                                                         count=options["api_server_count"])
+        children.extend(web_children)
         host = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]
         base_url = f"http://{host}:{options['port']}"
         try:
@@ -230,7 +236,8 @@ class Command(BaseCommand):
         except RuntimeError as error:
             raise CommandError(f"the server did not start: {error}") from None
         self.stdout.write(self.style.SUCCESS(f"Tessera serves '{name}' at {base_url}/v1 (Ctrl-C stops)"))
-        restarts: dict[str, list[float]] = {"worker": [], "redis": []}  # a budget each: one's crashes spare the other
+        # a budget each: one's crashes spare the others
+        restarts: dict[str, list[float]] = {"worker": [], "daphne": [], "redis": []}
         while True:
             for i, child in enumerate(children):
                 if child.alive():
@@ -238,13 +245,20 @@ class Command(BaseCommand):
                 if child.name not in restarts:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}; stopping.")
                 recent = restarts[child.name] = [t for t in restarts[child.name] if time.monotonic() - t < RESTART_WINDOW]
-                limit = MAX_RESTARTS * (options["data_parallel_size"] if child.name == "worker" else 1)
+                limit = MAX_RESTARTS * {"worker": options["data_parallel_size"],
+                                        "daphne": options["api_server_count"]}.get(child.name, 1)
                 if len(recent) >= limit:
                     raise CommandError(f"{child.name} exited with code {child.proc.returncode}, more than {limit} "
                                        f"restarts in {RESTART_WINDOW / 60:.0f} minutes; stopping.")
                 recent.append(time.monotonic())
                 if child.name == "redis":
                     children[i] = self._restart_redis(child, redis_url)
+                    continue
+                if child.name == "daphne":
+                    self.stderr.write(f"A web process (Daphne) exited with code {child.proc.returncode}; starting a "
+                                      "new one on the same socket (its requests in flight were lost).")
+                    children[i] = launcher.start_daphne(options["host"], options["port"], child.env,
+                                                        fd=self.listener.fileno())
                     continue
                 self.stderr.write(f"A worker exited with code {child.proc.returncode}; starting a new one, which "
                                   "serves the model it served.")
