@@ -21,6 +21,9 @@ class ApiKeyInline(admin.TabularInline):
         return False
 
 
+LIMIT_FIELDS = ("max_concurrent_requests", "requests_per_minute", "tokens_per_minute", "daily_token_budget")
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ("slug", "name", "active", "gpu_share", "priority", "max_concurrent_requests",
@@ -33,9 +36,14 @@ class TenantAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("slug", "name", "active", "members")}),
         ("GPU share", {"fields": ("gpu_share", "priority")}),
-        ("Limits (empty: none)", {"fields": ("max_concurrent_requests", "requests_per_minute",
-                                             "tokens_per_minute", "daily_token_budget", "allowed_models")}),
+        ("Limits (empty: none)", {"fields": (*LIMIT_FIELDS, "allowed_models")}),
     )
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        """The limits' form fields say their own minimum (1) for any value below it, not the column's (0)."""
+        if db_field.name in LIMIT_FIELDS:
+            kwargs["min_value"] = 1
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         """The tenant's page also charts its share of the served tokens against its GPU share, live

@@ -45,8 +45,13 @@ def parse_tenant_spec(text: str) -> TenantSpec:
 
 
 def check_total(specs: list[TenantSpec]) -> None:
-    """Raises ValueError when the active tenants' shares, with ``specs`` applied, exceed 100%. A spec naming
-    an existing inactive tenant sets its share but does not count: the tenant stays off."""
+    """Raises ValueError when one tenant is given twice, or when the active tenants' shares, with ``specs``
+    applied, exceed 100%. A spec naming an existing inactive tenant sets its share but does not count: the
+    tenant stays off."""
+    slugs = [spec.slug for spec in specs]
+    for i, slug in enumerate(slugs):
+        if slug in slugs[:i]:
+            raise ValueError(f"--tenant-id: {slug!r} is given twice; give each tenant once")
     shares = dict(Tenant.objects.filter(active=True).values_list("slug", "gpu_share"))
     inactive = set(Tenant.objects.filter(active=False, slug__in=[spec.slug for spec in specs])
                    .values_list("slug", flat=True))

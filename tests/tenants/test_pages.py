@@ -133,3 +133,21 @@ def test_admin_refuses_a_key_that_expired_already_and_an_empty_model_box_means_a
     team.allowed_models = None  # what the admin's form gives for an empty "Allowed models" box
     team.full_clean()
     assert team.allowed_models == [] and team.allows_model("any-model")
+
+
+def test_the_admins_limit_fields_name_their_own_minimum(orm):
+    """Any limit below 1 gets the same message (the column alone would say 0 for a negative value)."""
+    from django.contrib import admin
+    from django.contrib.auth.models import User
+    from django.test import RequestFactory
+
+    from tenants.models import Tenant
+
+    request = RequestFactory().get("/admin/tenants/tenant/add/")
+    request.user = User(is_superuser=True, is_staff=True)
+    form_class = admin.site._registry[Tenant].get_form(request)
+    for value in ("0", "-3"):
+        form = form_class(data={"slug": f"t-{uuid.uuid4().hex[:6]}", "name": "t", "gpu_share": "0", "priority": "0",
+                                "requests_per_minute": value})
+        assert not form.is_valid()
+        assert form.errors["requests_per_minute"] == ["Ensure this value is greater than or equal to 1."], form.errors

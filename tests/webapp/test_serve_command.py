@@ -164,6 +164,7 @@ def test_flags_the_model_cannot_use_stop_serve_before_it_starts(tmp_path, flag, 
 @pytest.mark.parametrize("values, message", [
     (["team1=130%"], "whole percentage from 0 to 100"),
     (["team1"], "expected SLUG=SHARE%, e.g. team1=30% (the GPU share is required"),  # no silent tenant
+    (["team1=30%", "team1=20%"], "'team1' is given twice"),  # not the last one silently
     (["team1=", "team2=30%"], "expected SLUG=SHARE%"),
     (["team one=30%"], "only letters, digits"),
     (["team1=60%", "team2=50%"], "add up to 110%"),
