@@ -269,20 +269,41 @@ class LLMEngine:
         unstarted.sort(key=lambda p: p.children[0].arrival_time)
         return [(p.request_id, p.children[0].tenant_id) for p in unstarted]
 
-    def abort_request(self, request_ids: str | list[str], report: bool = True) -> None:
+    def abort_request(self, request_ids: str | list[str], report: bool = True) -> dict[str, int]:
         """Abort requests at once: their blocks return to the pool, and (with ``report``) the next
-        ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids (and None) are ignored."""
+        ``step()`` reports them with ``finish_reason="abort"``. Unknown or finished ids (and None) are ignored.
+
+        Returns:
+            request id -> prompt tokens computed when it was aborted (prefix-cache hits included; the most of its
+            samples), for each request aborted: what a server charges a request whose client left before its
+            first token.
+        """
         if request_ids is None:
-            return
+            return {}
+        computed: dict[str, int] = {}
+        in_flight = self._in_flight_tokens()
         for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
             aborted = self.output_processor.abort(request_id)
             if aborted is None:
                 continue
             unfinished, output = aborted
+            computed[request_id] = max((min(c.num_computed_tokens + in_flight.get(id(c), 0), c.num_prompt_tokens)
+                                        for c in unfinished), default=0)
             for child in unfinished:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
             if report:
                 self._aborted_outputs.append(output)
+        return computed
+
+    def _in_flight_tokens(self) -> dict[int, int]:
+        """``id(request) -> tokens`` the step on the device computes for it, where its ``num_computed_tokens``
+        does not count them yet (a single step not advanced ahead)."""
+        if self._inflight is None:
+            return {}
+        out = self._inflight[0]
+        if out.num_steps > 1 or self.scheduler.step_updater.advanced(out):
+            return {}
+        return {id(item.request): item.num_scheduled_tokens for item in out.scheduled}
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.output_processor) or bool(self._aborted_outputs) or self._inflight is not None

@@ -54,6 +54,11 @@ class StepUpdater:
         self._advance(prev, fair_share)
         self._advanced_ahead = prev
 
+    def advanced(self, out: SchedulerOutput) -> bool:
+        """Whether ``out`` (a step still on the device) was advanced already (:meth:`advance_ahead`): its
+        requests' ``num_computed_tokens`` count its tokens."""
+        return out is self._advanced_ahead
+
     def update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
                fair_share: FairShare | None) -> SchedulerUpdate:
         """:meth:`.scheduler.Scheduler.update_from_output`: advance the requests of ``scheduler_output``

@@ -78,12 +78,15 @@ def test_abort_returns_blocks(engine):
     for _ in range(3):
         engine.step()
     assert engine.kv_cache_manager.num_free_blocks < engine.kv_cache_manager.num_blocks
-    engine.abort_request("a")
+    engine.add_request("c", "Not started yet.", SamplingParams(max_tokens=5))
+    # what a server charges a request whose client left: the prompt tokens the engine had computed
+    computed = engine.abort_request(["a", "c", "unknown"])
     outs = []
     while engine.has_unfinished_requests():
         outs.extend(engine.step())
     aborted = [o for o in outs if o.request_id == "a"]
     assert aborted and aborted[-1].finished and aborted[-1].outputs[0].finish_reason == "abort"
+    assert computed == {"a": len(aborted[-1].prompt_token_ids), "c": 0}
     assert any(o.request_id == "b" and o.finished for o in outs)
     assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
 

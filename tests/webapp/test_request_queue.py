@@ -146,12 +146,30 @@ def test_the_ledger_corrects_a_charge_to_what_the_request_used():
 def test_a_held_request_aborted_is_refunded_whole_and_forgotten_once_settled():
     ledger = RequestLedger()
     ledger.open(request("r", "high", prompt=10, max_tokens=60), charge=70 / 70)
-    ledger.end("r")  # its client left before it started
+    ledger.client_left("r")  # its client left before it started
+    assert ledger.next_message("r") is None  # nothing of it goes out
     assert "r" in ledger and ledger.held(["r"])  # its held record still has to go
     ledger.settled("r")
+    assert "r" in ledger and ledger.counter_commands() == []  # the engine's count is awaited
+    ledger.aborted("r", 0)  # its prefill had not begun
     assert "r" not in ledger
     (command,) = ledger.counter_commands()
     assert command[0] == "hincrbyfloat" and command[1][2] == pytest.approx(-1.0)
+
+
+def test_a_request_aborted_during_its_prefill_is_charged_its_prompt():
+    """A client that leaves before the first token still used the GPU for the prompt the engine computed: its
+    tenant's counter keeps those tokens (a flood of abandoned long prompts is not free in the shares)."""
+    ledger = RequestLedger()
+    ledger.open(request("r", "low", prompt=6000, max_tokens=100), charge=6100 / 30)
+    ledger.aborted("r", 6000)  # not this worker's abort to count: ignored
+    ledger.client_left("r")
+    ledger.aborted("r", 4096)  # the engine had computed two chunks of its prompt
+    ledger.settled("r")
+    assert "r" not in ledger
+    commands = dict(((m, a[1]), a[2]) for m, a, _ in ledger.counter_commands())
+    assert commands[("hincrbyfloat", "c:low")] == pytest.approx((4096 - 6100) / 30)
+    assert commands[("hincrby", "served:low")] == 4096
 
 
 def test_a_request_crosses_the_queue_with_its_sampling_params_intact(server):

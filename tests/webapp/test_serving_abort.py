@@ -76,6 +76,39 @@ def _new_claim(stack, known: set[bytes], timeout: float = 30) -> None:
         time.sleep(0.01)
 
 
+def _served(stack) -> int:
+    """Tokens served to the model's requests (every tenant's), as the share-aware dequeue counts them."""
+    from webapp.serving.request_queue import served_tokens
+    from webapp.transport.keys import fair_key
+
+    return sum(served_tokens(stack.redis.hgetall(fair_key(MODEL))).values())
+
+
+def test_a_prompt_prefilled_for_a_client_that_left_counts_in_its_tenants_share(stack):
+    """The client leaves once its request runs, before any token came back: the prompt the engine computed
+    still counts as served to its tenant (no free prefills in the shares)."""
+    _wait_idle(stack, 10)
+    served = _served(stack)
+    rng = random.Random(2)
+    prompt = [rng.randrange(1000, 30000) for _ in range(1900)]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 50, "ignore_eos": True, "stream": True}
+
+    async def run() -> None:
+        reader, writer, _ = await open_stream(stack.base_url, "/v1/completions", body, read_head=False)
+        try:
+            await asyncio.to_thread(_wait_running, stack, 30)
+        finally:
+            writer.transport.abort()
+
+    asyncio.run(run())
+    _wait_idle(stack, 30)
+    deadline = time.monotonic() + 30  # the abort lands after the step running when it came
+    while _served(stack) - served < len(prompt):
+        assert time.monotonic() < deadline, _served(stack) - served
+        time.sleep(0.05)
+    assert _served(stack) - served < 2 * len(prompt)  # once (with the few tokens made before the abort landed)
+
+
 def test_disconnect_during_prefill_before_the_first_chunk(stack):
     before = _wait_idle(stack, 10)
     rng = random.Random(1)

@@ -100,8 +100,8 @@ def test_requests_not_started_go_to_the_surviving_worker(two_workers):
             await asyncio.sleep(0.05)
         holders = sorted(json.loads(r)["worker"] for r in s.redis.hvals(held_key))
         assert holders == sorted(w["id"] for w in s.worker_infos())
-        # /metrics counts the backlogs as waiting.
-        assert metric_value(metrics_text(s.base_url), "vllm:num_requests_waiting{") == 2
+        # /metrics counts the backlogs and the two requests still queued in Redis as waiting.
+        assert metric_value(metrics_text(s.base_url), "vllm:num_requests_waiting{") == 4
         victim = next(w["id"] for w in s.worker_infos() if w["pid"] == s.workers[0].pid)
         s.workers[0].kill()
         killed = time.monotonic()

@@ -71,11 +71,14 @@ class EngineLoop(threading.Thread):
         capacity: requests the engine may hold at once, running or waiting (the scheduler's
             ``max_num_seqs`` plus the worker's backlog); :meth:`acquire_slot` blocks beyond it.
         on_failure: called (on this thread) after the engine raised and every request got an error.
+        on_aborted: called with ``{request_id: prompt tokens computed}`` for the requests of each abort
+            (0 for those the engine did not hold); must return at once.
     """
 
     def __init__(self, engine_factory: Callable[[], Any], on_outputs: Callable[[list, float], None],
                  on_rejected: Callable[[str, int, str, str | None], None], capacity: int,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_aborted: Callable[[dict[str, int]], None] | None = None) -> None:
         super().__init__(name="tessera-engine-loop", daemon=True)
         self._engine_factory = engine_factory
         self.engine: Any = None
@@ -85,6 +88,7 @@ class EngineLoop(threading.Thread):
         self._on_outputs = on_outputs
         self._on_rejected = on_rejected
         self._on_failure = on_failure
+        self._on_aborted = on_aborted
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1 request, got {capacity}")
@@ -296,11 +300,12 @@ class EngineLoop(threading.Thread):
             if rid not in self._active:
                 self._early_aborts[rid] = now
         self._early_aborts = {r: t for r, t in self._early_aborts.items() if now - t < ABORT_MEMORY}
-        if known:
-            self.engine.abort_request(known)
-            for rid in known:
-                self._active.discard(rid)
-                self._slots.release()
+        computed = self.engine.abort_request(known) if known else {}
+        for rid in known:
+            self._active.discard(rid)
+            self._slots.release()
+        if self._on_aborted is not None:
+            self._on_aborted({rid: computed.get(rid, 0) for rid in request_ids})
 
     def _finish(self, outputs: list) -> None:
         for out in outputs:

@@ -57,8 +57,8 @@ def release(redis, model: str, worker_id: str, request_id: str) -> None:
 def settle(redis, model: str, worker_id: str, request_id: str, client=None):
     """The request claimed by ``worker_id`` starts (its first output or error goes out) or ends:
     remove its record. Returns 1 if the claim still names ``worker_id`` (the request is this
-    worker's to run), 0 if another worker took it over (this one must drop it). With ``client``
-    (a pipeline), the result comes from its ``execute``."""
+    worker's to run), -1 if its client aborted it, 0 if another worker took it over (in both
+    cases this one must drop it). With ``client`` (a pipeline), the result comes from its ``execute``."""
     return redis.register_script(queue_scripts.SETTLE_HELD)(
         keys=[claim_key(request_id), held_key(model)],
         args=[worker_id, request_id, worker_registry.ABORTED, worker_registry.CLAIM_TTL], client=client)

@@ -111,6 +111,11 @@ class WorkerIO(threading.Thread):
         """Queue one step's outputs for publishing; returns at once (engine loop side)."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, ("outputs", outputs, step_time))
 
+    def aborted(self, computed: dict[str, int]) -> None:
+        """The engine dropped these requests at their clients' aborts, having computed so many prompt tokens
+        of each: their tenants' counters are corrected with the next batch; returns at once."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, ("aborted", computed, None))
+
     def reject(self, request_id: str, status: int, message: str, param: str | None) -> None:
         """End a request with an error message to its client; returns at once."""
         self._loop.call_soon_threadsafe(
@@ -194,6 +199,10 @@ class WorkerIO(threading.Thread):
                 batch = [await self._queue.get()]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            for kind, computed, _ in batch:
+                if kind == "aborted":
+                    for rid, tokens in computed.items():
+                        self.ledger.aborted(rid, tokens)
             outputs = self._carry + [item for item in batch if item[0] in ("outputs", "error")]
             self._carry = []
             try:
@@ -280,9 +289,13 @@ class WorkerIO(threading.Thread):
         pipe = self.layer.connection(0).pipeline(transaction=False)
         for rid in rids:
             await held.settle(pipe, holding[rid], self.worker_id, rid, client=pipe)
-        lost = {rid for rid, mine in zip(rids, await pipe.execute()) if not mine}
+        settled = dict(zip(rids, await pipe.execute()))
+        lost = {rid for rid, mine in settled.items() if mine != 1}
         for rid in rids:
-            if rid in lost and not aborted:
+            if settled[rid] == -1:  # its client left while it prefilled here: the engine's count charges it
+                self.ledger.client_left(rid)
+                self.ledger.settled(rid)
+            elif rid in lost and not aborted:
                 self.ledger.leave(rid)
             else:
                 self.ledger.settled(rid)
@@ -327,7 +340,7 @@ class WorkerIO(threading.Thread):
             if abort is not None:
                 rids = list(abort.rids)
                 for rid in rids:
-                    self.ledger.end(rid)
+                    self.ledger.client_left(rid)
                     self.metrics.forget(rid)
                 self._on_abort(rids)
                 try:  # aborted before it started: its held record goes (nothing is published for it)

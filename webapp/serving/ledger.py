@@ -9,7 +9,10 @@ A request's life on a worker, as the ledger records it:
   (:func:`.held.settle`), or another worker took it over (it is then *lost* here);
 * **running**: its first message went out; its messages go to its reply channel, numbered;
 * it **ends**: finished, failed, or its client left (an abort). Its charge is then corrected to
-  the tokens it really cost, and nothing more of it is published. A request given back to the
+  the tokens it really cost, and nothing more of it is published. For an abort the correction waits
+  for the engine to drop the request (:meth:`RequestLedger.aborted`): a prompt whose prefill had begun
+  counts, answered or not, so that a tenant cannot take prefills for free by leaving before the first
+  token. A request given back to the
   queue (displaced, or the worker stops taking) or lost to another worker leaves without a
   correction: the give-back refunded its charge, the other worker charged its own.
 
@@ -48,6 +51,7 @@ class Entry:
     seq: int = 0  # number of the next message to its client
     used: int = 0  # tokens counted so far
     started: bool = False  # its prompt was counted (first output)
+    left: bool = False  # its client left; the engine's count of its computed prompt is awaited (aborted)
 
 
 class RequestLedger:
@@ -92,7 +96,7 @@ class RequestLedger:
         entry = self._entries.get(rid)
         if entry is not None:
             entry.held = False
-            if entry.reply is None:
+            if entry.reply is None and not entry.left:
                 del self._entries[rid]
 
     def leave(self, rid: str) -> None:
@@ -119,13 +123,38 @@ class RequestLedger:
         return entry.reply, entry.seq - 1
 
     def end(self, rid: str) -> None:
-        """``rid`` ended (finished, failed, or its client left): correct its tenant's counter to what
-        it used, and publish nothing more of it."""
+        """``rid`` ended (finished or failed): correct its tenant's counter to what it used, and publish
+        nothing more of it."""
         entry = self._entries.get(rid)
         if entry is None or entry.reply is None:
             return
-        self._counters[(entry.model, entry.tenant)] += (entry.used - entry.cost) * entry.charge / max(1, entry.cost)
         entry.reply = None
+        self._correct(rid, entry)
+
+    def client_left(self, rid: str) -> None:
+        """The client of ``rid`` left (an abort): publish nothing more of it; its charge is corrected by
+        :meth:`aborted` once the engine dropped it."""
+        entry = self._entries.get(rid)
+        if entry is not None and entry.reply is not None:
+            entry.reply, entry.left = None, True
+
+    def aborted(self, rid: str, computed_prompt_tokens: int) -> None:
+        """The engine dropped ``rid`` after its client left, having computed ``computed_prompt_tokens`` of its
+        prompt (prefix-cache hits included; 0 where its prefill had not begun or the engine never had it):
+        correct its tenant's counter to what it used, its prompt counted where its prefill had begun, as it
+        is for a request that answered (an output's prompt counts whole)."""
+        entry = self._entries.get(rid)
+        if entry is None or not entry.left:
+            return
+        entry.left = False
+        if not entry.started and computed_prompt_tokens > 0:
+            entry.started = True
+            entry.used += computed_prompt_tokens
+            self._served[(entry.model, entry.tenant)] += computed_prompt_tokens
+        self._correct(rid, entry)
+
+    def _correct(self, rid: str, entry: Entry) -> None:
+        self._counters[(entry.model, entry.tenant)] += (entry.used - entry.cost) * entry.charge / max(1, entry.cost)
         if not entry.held:
             del self._entries[rid]
 

@@ -129,7 +129,7 @@ class ModelHost:
         backlog = (default_max_waiting_requests(args.max_num_seqs) if self.max_waiting_requests is None
                    else self.max_waiting_requests)
         loop = EngineLoop(lambda: self._build_engine(args), self.io.publish, self.io.reject,
-                          args.max_num_seqs + backlog, self._on_engine_failure)
+                          args.max_num_seqs + backlog, self._on_engine_failure, self.io.aborted)
         try:
             engine = loop.start_and_wait()
             if self._shares is not None:

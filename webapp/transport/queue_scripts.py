@@ -152,6 +152,7 @@ return 0
 """
 
 # KEYS: the claim, the held hash; ARGV: this worker's id, the request id, ABORTED, the claim's TTL (s).
+# 1: the claim is this worker's; -1: its client aborted it; 0: another worker took it over.
 # A claim that is gone (Redis lost its data) is taken: the request's web process enqueued a copy,
 # which then finds it claimed and is dropped.
 SETTLE_HELD = """
@@ -169,6 +170,7 @@ if claim == ARGV[3] then
   if raw and cjson.decode(raw)['worker'] == ARGV[1] then
     redis.call('HDEL', KEYS[2], ARGV[2])
   end
+  return -1
 end
 return 0
 """
