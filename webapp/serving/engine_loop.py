@@ -97,6 +97,7 @@ class EngineLoop(threading.Thread):
         self._active: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
+        self._ended = threading.Event()  # the loop stopped stepping: aborts are reported at once
         self._stop_reason = "The worker is shutting down."
         self.tenant_shares: Any = None  # the TenantShares the engine runs on (set_tenant_shares)
         self.stats: Any = None
@@ -151,8 +152,16 @@ class EngineLoop(threading.Thread):
         self._inbox.put(("add", request))
 
     def abort(self, request_ids: list[str]) -> None:
-        """Abort requests before the next step (unknown ids are remembered for a while)."""
+        """Abort requests before the next step (unknown ids are remembered for a while). Once the loop has
+        ended, the requests are reported at once with no prompt computed (``on_aborted``)."""
+        if self._ended.is_set():
+            self._report_aborted(dict.fromkeys(request_ids, 0))
+            return
         self._inbox.put(("abort", list(request_ids)))
+
+    def _report_aborted(self, computed: dict[str, int]) -> None:
+        if self._on_aborted is not None and computed:
+            self._on_aborted(computed)
 
     def set_tenant_shares(self, shares: Any) -> None:
         """Hand new tenant GPU shares (a ``tenant_shares.TenantShares``) to the engine before its next step."""
@@ -188,6 +197,7 @@ class EngineLoop(threading.Thread):
             self.stats = self.engine.get_stats()
         except BaseException as error:
             self._build_error = error
+            self._ended.set()
             return
         finally:
             self._built.set()
@@ -212,9 +222,20 @@ class EngineLoop(threading.Thread):
             for rid in list(self._active):
                 self._on_rejected(rid, 503, reason, None)
             self._abort_all()
+            self._ended.set()
+            self._drain_aborts()  # those sent while it stopped: reported, so that their charges are corrected
             self.engine.close()  # ends its tensor-parallel rank processes, if any
             if self.failed is not None and self._on_failure is not None:
                 self._on_failure(self.failed)
+
+    def _drain_aborts(self) -> None:
+        while True:
+            try:
+                kind, value = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "abort":
+                self._report_aborted(dict.fromkeys(value, 0))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -304,8 +325,7 @@ class EngineLoop(threading.Thread):
         for rid in known:
             self._active.discard(rid)
             self._slots.release()
-        if self._on_aborted is not None:
-            self._on_aborted({rid: computed.get(rid, 0) for rid in request_ids})
+        self._report_aborted({rid: computed.get(rid, 0) for rid in request_ids})
 
     def _finish(self, outputs: list) -> None:
         for out in outputs:

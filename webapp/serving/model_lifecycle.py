@@ -190,9 +190,12 @@ class ModelHost:
             self.loop.join(10)
 
     def abort(self, request_ids: list[str]) -> None:
-        """The clients of ``request_ids`` left: the engine drops them."""
+        """The clients of ``request_ids`` left: the engine drops them (without an engine, they are reported
+        dropped with no prompt computed, so that their tenants' charges are corrected)."""
         if self.loop is not None:
             self.loop.abort(request_ids)
+        else:
+            self.io.aborted(dict.fromkeys(request_ids, 0))
 
     def set_tenant_shares(self, shares: TenantShares) -> None:
         """The tenants' GPU shares changed: pass them to the engine (and to the next one loaded)."""
