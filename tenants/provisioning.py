@@ -53,7 +53,7 @@ def check_total(specs: list[TenantSpec]) -> None:
         if slug in slugs[:i]:
             raise ValueError(f"--tenant-id: {slug!r} is given twice; give each tenant once")
     shares = dict(Tenant.objects.filter(active=True).values_list("slug", "gpu_share"))
-    inactive = set(Tenant.objects.filter(active=False, slug__in=[spec.slug for spec in specs])
+    inactive = set(Tenant.objects.filter(active=False, slug__in=slugs)
                    .values_list("slug", flat=True))
     for spec in specs:
         if spec.slug not in inactive:

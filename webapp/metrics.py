@@ -1,11 +1,11 @@
 """``GET /metrics``: vLLM's metric names, per model.
 
 Gauges (running and waiting requests, KV-cache usage) are summed over the live workers'
-heartbeats; ``vllm:num_requests_waiting`` adds the requests still queued in Redis for the model (every
-accepted request not yet running waits, in an engine's backlog or in the model's queue). Counters and histograms come from the model's totals in Redis, to which every
-worker adds its increments (:mod:`webapp.serving.worker_metrics`): they cover all workers past
-and present, so a worker that stops or restarts never makes them go backwards. Each carries
-``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
+heartbeats; ``vllm:num_requests_waiting`` adds the requests still queued in Redis for the model
+(every accepted request not yet running waits, in an engine's backlog or in the model's queue).
+Counters and histograms come from the model's totals in Redis, to which every worker adds its
+increments (:mod:`webapp.serving.worker_metrics`): they cover all workers past and present, so a
+worker that stops or restarts never makes them go backwards. Each carries ``_created``, the time the totals started (a new Redis starts them afresh, which Prometheus
 reads as a counter reset). Rendered with ``prometheus_client``.
 
 ``vllm:cache_config_info`` (value 1) carries each live worker's KV-cache settings as labels;
@@ -45,6 +45,7 @@ CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "gp
                        "num_gpu_blocks", "num_cpu_blocks", "swap_space")
 GAUGES = {  # metric -> (stats field, help)
     "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),
+    "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
     "vllm:num_requests_swapped": ("num_swapped", "Number of requests swapped to CPU."),
 }
 COUNTERS = {  # metric -> (totals field, help)
@@ -120,13 +121,8 @@ class WorkersCollector:
             live.add_metric([model], len(workers))
         yield live
         for name, (field, doc) in GAUGES.items():
-            yield self._gauge(name, doc, lambda ws, f=field: sum(w["stats"].get(f, 0) for w in ws))
-        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                                    labels=["model_name"])
-        for model, workers in self.by_model.items():
-            waiting.add_metric([model], sum(w["stats"].get("num_waiting", 0) for w in workers)
-                               + self.queued.get(model, 0))
-        yield waiting
+            yield self._gauge(name, doc, lambda ws, f=field: sum(w["stats"].get(f, 0) for w in ws),
+                              self.queued if name == "vllm:num_requests_waiting" else None)
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                           _usage("num_total_blocks", "num_free_blocks"))
         yield self._gauge("tessera:kv_cache_free_blocks", "Free KV-cache blocks over the live workers.",
@@ -170,10 +166,11 @@ class WorkersCollector:
                               max(w.get("time", 0.0) for w in workers))
         return family
 
-    def _gauge(self, name: str, doc: str, value) -> GaugeMetricFamily:
+    def _gauge(self, name: str, doc: str, value, extra: dict[str, int] | None = None) -> GaugeMetricFamily:
+        """``value(workers)`` per model, plus ``extra[model]`` where given."""
         family = GaugeMetricFamily(name, doc, labels=["model_name"])
         for model, workers in self.by_model.items():
-            family.add_metric([model], value(workers))
+            family.add_metric([model], value(workers) + (extra or {}).get(model, 0))
         return family
 
     def _histogram(self, name: str, doc: str, short: str) -> HistogramMetricFamily:
