@@ -6,7 +6,8 @@ heartbeats; ``vllm:num_requests_waiting`` adds the requests still queued in Redi
 Counters and histograms come from the model's totals in Redis, to which every worker adds its
 increments (:mod:`webapp.serving.worker_metrics`): they cover all workers past and present, so a
 worker that stops or restarts never makes them go backwards. Each carries ``_created``, the time
-the totals started (a new Redis starts them afresh, which Prometheus reads as a counter reset). Rendered with ``prometheus_client``.
+the totals started (a new Redis starts them afresh, which Prometheus reads as a counter reset).
+Rendered with ``prometheus_client``.
 
 ``vllm:cache_config_info`` (value 1) carries each live worker's KV-cache settings as labels;
 ``vllm:lora_requests_info`` (value: the time of the last heartbeat) the LoRA adapters of each model's
