@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Iterable
+from dataclasses import replace
+from typing import Awaitable, Iterable
 
 from webapp.serving.client import get_redis
 
@@ -88,7 +89,7 @@ class Meter:
         if not admitting.cancelled() and admitting.exception() is None and admitting.result() is not None:
             self.admission = admitting.result()
             if self.finished:
-                self._background(self._settle(0))
+                self._background(self._settle(self.admission, 0))
             else:
                 self.finish(error="aborted")
 
@@ -100,10 +101,41 @@ class Meter:
         if self.finished:
             return
         self.finished = True
+        if self.admission is not None:
+            self._background(self._settle(self.admission, prompt_tokens + completion_tokens))
+        self._record(prompt_tokens, completion_tokens, error, finish_reasons)
+
+    def finish_later(self, prompt_tokens: int, completion_tokens: int, error: str | None,
+                     finish_reasons: Iterable[str | None], more: Awaitable[tuple[int, int]]) -> None:
+        """As :meth:`finish`, with the ``(prompt, completion)`` tokens that ``more`` resolves to added: those the
+        engines computed for a request whose client left that its stream never saw
+        (:attr:`webapp.serving.client.GenerationStream.left_behind`), so that leaving before the first token
+        does not make a prefill free in the tenant's budget, token limits and usage. The concurrency slot and
+        the budget's reservation are freed at once; the tokens ``more`` adds are taken from the token limits
+        and counted in the day's budget when it resolves, and the usage is recorded then. Returns at once."""
+        if self.finished:
+            return
+        self.finished = True
+        admission = self.admission
+        if admission is not None:
+            self._background(self._settle(admission, prompt_tokens + completion_tokens))
+
+        async def account() -> None:
+            extra = (0, 0)
+            try:
+                extra = await more
+            except Exception:
+                logger.exception("counting what the engines computed for an aborted request failed")
+            if admission is not None and sum(extra):  # settling again only takes the tokens (slot and hold gone)
+                await self._settle(replace(admission, charged_tokens=0), sum(extra))
+            self._record(prompt_tokens + extra[0], completion_tokens + extra[1], error, finish_reasons)
+
+        self._background(account())
+
+    def _record(self, prompt_tokens: int, completion_tokens: int, error: str | None,
+                finish_reasons: Iterable[str | None]) -> None:
         recorder.record(self.caller.tenant.id, self.model, prompt_tokens, completion_tokens, error,
                         self.caller.key_id)
-        if self.admission is not None:
-            self._background(self._settle(prompt_tokens + completion_tokens))
         if self.model:
             self._background(self._count(prompt_tokens, completion_tokens,
                                          counters.finished_reason(error, finish_reasons)))
@@ -114,11 +146,12 @@ class Meter:
         _background.add(task)
         task.add_done_callback(_background.discard)
 
-    async def _settle(self, used: int) -> None:
+    @staticmethod
+    async def _settle(admission: Admission, used: int) -> None:
         try:
-            await settle(self.admission, used)
+            await settle(admission, used)
         except Exception:
-            logger.exception("settling the limits of request %s failed", self.admission.request_id)
+            logger.exception("settling the limits of request %s failed", admission.request_id)
 
     async def _count(self, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+import pytest
+
 from tests.tenants.helpers import (  # noqa: F401 (fixtures)
     completion, make_tenant, orm, tenant_web, usage_totals, wait_for, wait_usage)
 from tests.webapp.serving_stack import MODEL, http, sse_events
@@ -72,3 +74,41 @@ def test_a_tenant_deleted_before_its_usage_is_written_loses_no_other_tenants_usa
     row = Usage.objects.get(tenant=keep, model=MODEL, hour=hour)
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1, 3, 5)
     assert not Usage.objects.filter(tenant_id=gone.pk).exists()
+
+
+def test_a_prompt_prefilled_for_a_client_that_left_is_charged_to_its_tenant(tenant_web, stack):
+    """The client leaves once its long prompt is prefilling, before any token came back: the prompt tokens the
+    engine computed are in the tenant's usage record and its day's budget count, not free."""
+    import asyncio
+    import random
+
+    from tests.webapp.raw_http import open_stream
+    from tests.webapp.test_serving_abort import _new_claim, _wait_idle
+    from webapp.transport.keys import limits_keys
+
+    team = make_tenant(daily_token_budget=1_000_000)
+    _wait_idle(stack, 30)
+    rng = random.Random(3)
+    prompt = [rng.randrange(1000, 30000) for _ in range(1900)]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 50, "ignore_eos": True, "stream": True}
+
+    async def run() -> None:
+        known = set(stack.redis.keys("tessera:claim:*"))
+        reader, writer, _ = await open_stream(tenant_web.base_url, "/v1/completions", body, read_head=False,
+                                              headers={"X-Tenant-ID": team.slug})
+        try:
+            await asyncio.to_thread(_new_claim, stack, known)
+            await asyncio.sleep(1.0)  # the engine took it at once; its prefill takes about 10 s on 2 cores
+            with pytest.raises(TimeoutError):  # no token came back yet
+                await asyncio.wait_for(reader.read(1), 0.01)
+        finally:
+            writer.transport.abort()
+
+    asyncio.run(run())
+    usage = wait_for(lambda: (lambda u: u if u["errors_aborted"] == 1 else None)(usage_totals(team)), timeout=60)
+    # The engine computes a 1,900-token prompt in one step here; the step running when the abort came counts
+    assert usage["requests"] == 1 and usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 0, usage
+    day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
+    counted = int(stack.redis.get(limits_keys(team.id, day)[3]) or 0)
+    assert len(prompt) <= counted <= len(prompt) + 50, counted  # the budget counts it; the reservation is gone
+    assert not stack.redis.hlen(limits_keys(team.id, day)[5])

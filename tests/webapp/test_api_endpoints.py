@@ -23,6 +23,10 @@ def test_health_and_version(stack):
     for method in ("GET", "POST"):  # vLLM's /ping
         status, _, body = http(method, stack.base_url + "/ping")
         assert status == 200 and json.loads(body)["status"] == "ok"
+    for path in ("/metrics", "/version", "/v1/models"):  # every GET answers HEAD: scrapers and monitors probe
+        got, head = http("GET", stack.base_url + path), http("HEAD", stack.base_url + path)
+        assert head[0] == 200 and head[2] == b"", path
+        assert head[1]["Content-Type"] == got[1]["Content-Type"], path
 
 
 def test_health_without_worker_is_503_in_the_error_envelope(tmp_path):

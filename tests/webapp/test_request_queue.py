@@ -162,9 +162,10 @@ def test_a_request_aborted_during_its_prefill_is_charged_its_prompt():
     tenant's counter keeps those tokens (a flood of abandoned long prompts is not free in the shares)."""
     ledger = RequestLedger()
     ledger.open(request("r", "low", prompt=6000, max_tokens=100), charge=6100 / 30)
-    ledger.aborted("r", 6000)  # not this worker's abort to count: ignored
-    ledger.client_left("r")
-    ledger.aborted("r", 4096)  # the engine had computed two chunks of its prompt
+    assert ledger.aborted("r", 6000) is None  # not this worker's abort to count: ignored
+    assert ledger.client_left("r") and not ledger.client_left("unknown")
+    # the engine had computed two chunks of its prompt: the count goes to the request's web process too
+    assert ledger.aborted("r", 4096) == "reply"
     ledger.settled("r")
     assert "r" not in ledger
     commands = dict(((m, a[1]), a[2]) for m, a, _ in ledger.counter_commands())

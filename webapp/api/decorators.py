@@ -31,11 +31,24 @@ def api_view(*methods: str, authenticate: bool = True, metered: bool = False) ->
     ``metered`` (generation endpoints): the view gets a ``tenants.metering.Meter`` of the
     caller instead, and a request that fails before its generation accounts for itself is
     counted in the tenant's usage as an error of its kind.
+    A view that answers GET also answers HEAD (RFC 9110 §9.3.2): the GET's status and headers, no
+    body. Daphne sends whatever body a view returns, so the body is dropped here.
     """
+    if "GET" in methods and "HEAD" not in methods:
+        methods = (*methods, "HEAD")
+
     def decorate(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
         @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            response = await answer(request, *args, **kwargs)
+            if request.method == "HEAD" and not response.streaming:
+                length = len(response.content)
+                response.content = b""
+                response["Content-Length"] = str(length)
+            return response
+
+        async def answer(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             meter = None
             try:
                 if request.method not in methods:

@@ -312,11 +312,18 @@ class Generation:
         return f"tenant:{self._tenant_slug}"
 
     def _end(self, error: str | None) -> None:
-        """Account the call with its tenant: the prompts that ran and the tokens generated."""
-        if self.meter is not None:
-            prompt_tokens = sum(len(self.prompts[p].token_ids) for p in self._prompts_run)
-            self.meter.finish(prompt_tokens, sum(c.num_tokens for c in self.choices.values()), error,
-                              [c.finish_reason for c in self.choices.values()])
+        """Account the call with its tenant: the prompts that ran and the tokens generated; for a client that
+        left, also what the engines computed that it never saw (counted once they dropped its requests)."""
+        if self.meter is None:
+            return
+        prompt_tokens = sum(len(self.prompts[p].token_ids) for p in self._prompts_run)
+        completion_tokens = sum(c.num_tokens for c in self.choices.values())
+        reasons = [c.finish_reason for c in self.choices.values()]
+        stream = self.stream
+        if error == "aborted" and stream is not None and stream.left_behind is not None and not stream.finished:
+            self.meter.finish_later(prompt_tokens, completion_tokens, error, reasons, stream.left_behind)
+        else:
+            self.meter.finish(prompt_tokens, completion_tokens, error, reasons)
 
     def _apply(self, message: dict[str, Any]):
         """Fold a delta message into the choices; yields ``(choice, new_text)`` per output."""

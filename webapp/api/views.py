@@ -222,7 +222,7 @@ async def detokenize(request: HttpRequest, caller: Caller) -> HttpResponse:
     return JsonResponse({"prompt": tokenizer.decode(tokens)})
 
 
-@api_view("GET", "HEAD", authenticate=False)
+@api_view("GET", authenticate=False)
 async def health(request: HttpRequest, tenant) -> HttpResponse:
     """GET /health: 200 ``{"status": "ok", "num_workers": N}`` when at least one engine worker is
     live, else 503 in OpenAI's error envelope; HEAD: the same status and content type, no body.
@@ -233,7 +233,7 @@ async def health(request: HttpRequest, tenant) -> HttpResponse:
     return await _health(request)
 
 
-@api_view("GET", "HEAD", "POST", authenticate=False)
+@api_view("GET", "POST", authenticate=False)
 async def ping(request: HttpRequest, tenant) -> HttpResponse:
     """vLLM's (SageMaker's) liveness path, GET or POST: as ``GET /health``."""
     return await _health(request)
@@ -241,8 +241,6 @@ async def ping(request: HttpRequest, tenant) -> HttpResponse:
 
 async def _health(request: HttpRequest) -> HttpResponse:
     workers = [w for w in await live_workers(get_redis()) if w.get("live")]
-    if request.method == "HEAD":
-        return HttpResponse(status=200 if workers else 503, content_type="application/json")
     if not workers:
         raise unavailable("No engine worker with a loaded model is live (a worker without a model does not serve; "
                           "load one in the admin's Workers page).")

@@ -20,7 +20,7 @@ import logging
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple
 
 import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
@@ -44,6 +44,10 @@ GAP_GRACE = 3.0  # seconds later messages of a request may arrive before a missi
 REDIS_OUTAGE_GRACE = 30.0  # seconds a request waits through Redis being unreachable (a restart)
 ABORT_RETRY_FOR = 600.0  # seconds an abort is retried while Redis is unreachable
 ABORT_RETRY_MAX_DELAY = 2.0  # seconds between two tries, at most
+
+# Seconds an aborted stream waits for its workers' counts of what the engine computed (:class:`LeftBehind`); they
+# come once each engine dropped its request, at its next step boundary.
+ABORT_REPORT_WAIT = 30.0
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 # Seconds a request that has not started waits for some worker of its model to be live again
@@ -90,6 +94,15 @@ class EngineRequestSpec:
     lora_path: str | None = None  # that adapter's folder, as registered
 
 
+class LeftBehind(NamedTuple):
+    """What the engines computed for a stream's requests that its reader never saw: the prompt tokens of
+    requests that had not answered when their client left (as far as their prefill had gone), and the output
+    tokens published but not read."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class GenerationStream:
     """Enqueue engine requests for ``model`` and yield their messages as they arrive.
 
@@ -117,6 +130,7 @@ class GenerationStream:
         self._started: set[str] = set()  # requests a message of which arrived
         self._redis_down_since: float | None = None  # monotonic time since when Redis is unreachable
         self._gap_since: dict[str, float] = {}  # request id -> since when a message of it is missing
+        self.left_behind: asyncio.Future[LeftBehind] | None = None  # see :meth:`start`
 
     @property
     def finished(self) -> bool:
@@ -128,11 +142,14 @@ class GenerationStream:
         The stream belongs to the task that starts it (the one serving the HTTP request):
         when that task ends with engine requests unfinished, however it ends (the client
         left and Django cancelled it, even in the middle of this call, before any chunk;
-        the server stopped; an error), they are aborted.
+        the server stopped; an error), they are aborted, and :attr:`left_behind` then resolves, within
+        ``ABORT_REPORT_WAIT`` seconds of the abort, to what the engines computed that the task never read
+        (for the tenant's account; zeros when nothing was left unfinished or the task had no loop).
         """
         task = asyncio.current_task()
         _raise_if_cancelled(task)
         if task is not None:
+            self.left_behind = asyncio.get_running_loop().create_future()
             task.add_done_callback(self._on_task_done)
         self._router = reply_router()
         self.reply = self._router.open(self._deliver)
@@ -150,13 +167,54 @@ class GenerationStream:
             self._arrived.set_result(None)
 
     def _on_task_done(self, _task: asyncio.Task) -> None:
+        if not self._unfinished:
+            self._close(LeftBehind())
+            return
+        abort = asyncio.ensure_future(self._abort_and_count())
+        _background.add(abort)  # keep a reference until it is done
+        abort.add_done_callback(_background.discard)
+        abort.add_done_callback(_retrieve)  # a failure was logged
+
+    def _close(self, left_behind: LeftBehind) -> None:
         if self.reply is not None:
             self._router.close(self.reply)
-        if self._unfinished:
-            abort = asyncio.ensure_future(self.abort(retry_for=ABORT_RETRY_FOR))
-            _background.add(abort)  # keep a reference until it is done
-            abort.add_done_callback(_background.discard)
-            abort.add_done_callback(_retrieve)  # a failure was logged
+        if self.left_behind is not None and not self.left_behind.done():
+            self.left_behind.set_result(left_behind)
+
+    async def _abort_and_count(self) -> None:
+        """Abort the unfinished requests, then count what their engines computed that nobody read: the late
+        messages, and the workers' reports of each aborted request's computed prompt
+        (:func:`.messages.aborted_message`), awaited for ``ABORT_REPORT_WAIT`` seconds at most."""
+        rids = set(self._unfinished)
+        self._pending.extend(self._held.values())  # arrived out of order, never read
+        self._held.clear()
+        prompt: dict[str, int] = {}
+        completion, answered = 0, set()
+        try:
+            sent = await self.abort(retry_for=ABORT_RETRY_FOR)
+            deadline = time.monotonic() + ABORT_REPORT_WAIT
+            while True:
+                while self._pending:
+                    message = self._pending.popleft()
+                    rid = message.get("rid")
+                    if rid not in rids:
+                        continue
+                    if message["type"] == "delta":
+                        completion += sum(len(out["token_ids"]) for out in message["outputs"])
+                        computed = message["num_prompt_tokens"]
+                    else:
+                        computed = message.get("num_computed_prompt_tokens", 0)
+                    if rid not in self._started:  # a read message counted its prompt already
+                        prompt[rid] = max(prompt.get(rid, 0), computed)
+                    if message["type"] != "delta" or message.get("finished"):
+                        answered.add(rid)
+                left = deadline - time.monotonic()
+                if sent <= answered or left <= 0:
+                    break
+                self._arrived = asyncio.get_running_loop().create_future()
+                await asyncio.wait({self._arrived}, timeout=left)
+        finally:
+            self._close(LeftBehind(sum(prompt.values()), completion))
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while self._unfinished:
@@ -288,7 +346,7 @@ class GenerationStream:
                 return False
         return True
 
-    async def abort(self, retry_for: float = 0.0) -> None:
+    async def abort(self, retry_for: float = 0.0) -> set[str]:
         """Abort the unfinished engine requests: those not claimed yet, and those a worker claimed
         but holds unstarted (:func:`.held.abort_held`: even a dead worker, whose records another
         worker would requeue), are marked so that no worker starts them; the owners of the
@@ -298,11 +356,14 @@ class GenerationStream:
         ``retry_for``: seconds for which an abort that fails because Redis is unreachable (a
         restart) is tried again, so that it takes effect once Redis is back; 0: raise at once.
 
+        Returns:
+            The requests whose abort went to a worker (each answers with an *aborted* message on the reply
+            channel, :mod:`.messages`).
         Raises:
             RedisError: Redis could not be reached (and ``retry_for`` ran out).
         """
         if not self._unfinished:
-            return
+            return set()
         rids = sorted(self._unfinished)
         self._unfinished.clear()
         deadline, delay = time.monotonic() + retry_for, 0.1
@@ -318,7 +379,7 @@ class GenerationStream:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, ABORT_RETRY_MAX_DELAY)
 
-    async def _abort(self, rids: list[str]) -> None:
+    async def _abort(self, rids: list[str]) -> set[str]:
         redis = get_redis()
         pipe = redis.pipeline(transaction=False)
         for rid in rids:  # not claimed, or requeued: no worker starts it now
@@ -341,10 +402,13 @@ class GenerationStream:
             for rid in claimed:  # held unstarted by a live or a dead worker: it never starts now
                 await held.abort_held(pipe, self.model, rid, client=pipe)
             await pipe.execute()
+        sent: set[str] = set()
         for worker_id, owned in by_worker.items():
             info = await worker_registry.worker_info(redis, worker_id)
             if info and info.get("control"):
-                await self.layer.send(info["control"], Abort(tuple(owned)).encode())
+                await self.layer.send(info["control"], Abort(tuple(owned), self.reply).encode())
+                sent.update(owned)
+        return sent
 
 
 _background: set[asyncio.Future] = set()  # aborts and share republishing, referenced until done

@@ -6,7 +6,9 @@
   the engine loop;
 * settles the held record of a request (:mod:`.held`) before publishing its first output or
   error, and drops (aborts) a request that another worker took over meanwhile;
-* receives aborts on the worker's control channel and passes them to the engine loop, and LoRA adapter
+* receives aborts on the worker's control channel and passes them to the engine loop, answering each
+  request with the engine's count of its computed prompt once the engine dropped it (an *aborted*
+  message, :mod:`.messages`), and LoRA adapter
   checks, which it answers once the engine loaded the adapter or refused it (:mod:`.lora_registry`);
 * writes the heartbeat (worker info, engine stats, the recent figures of :mod:`.recent_stats`)
   every ``HEARTBEAT_INTERVAL`` seconds,
@@ -34,7 +36,7 @@ from webapp.transport.keys import LORA_ADAPTERS_KEY, SHARES_KEY, WORKERS_KEY, cl
 from . import held, worker_registry
 from .lora_registry import AdapterEntry, LoRACheck, answer_check, decode_registry, wait_result
 from .ledger import RequestLedger
-from .messages import Abort, coalesce, encode_output, error_message, is_final
+from .messages import Abort, Aborted, aborted_message, coalesce, encode_output, error_message, is_final
 from .recent_stats import RecentStats
 from .request_queue import epoch
 from .stat_logger import LOG_INTERVAL, StatLogger
@@ -113,7 +115,8 @@ class WorkerIO(threading.Thread):
 
     def aborted(self, computed: dict[str, int]) -> None:
         """The engine dropped these requests at their clients' aborts, having computed so many prompt tokens
-        of each: their tenants' counters are corrected with the next batch; returns at once."""
+        of each: their tenants' counters are corrected with the next batch, and the counts sent to their web
+        processes (which charge them to the tenants' limits and usage); returns at once."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, ("aborted", computed, None))
 
     def reject(self, request_id: str, status: int, message: str, param: str | None) -> None:
@@ -199,16 +202,20 @@ class WorkerIO(threading.Thread):
                 batch = [await self._queue.get()]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            for kind, computed, _ in batch:
+            reports = []  # (reply channel, aborted message): the engine's counts of the requests clients left
+            for kind, value, _ in batch:
                 if kind == "aborted":
-                    for rid, tokens in computed.items():
-                        self.ledger.aborted(rid, tokens)
+                    reports += [(channel, aborted_message(rid, tokens)) for rid, tokens in value.items()
+                                if (channel := self.ledger.aborted(rid, tokens)) is not None]
+                elif kind == "reports":
+                    reports += value
             outputs = self._carry + [item for item in batch if item[0] in ("outputs", "error")]
             self._carry = []
             try:
-                await self._publish(outputs)
+                await self._publish(outputs, reports)
             except (RedisError, OSError) as error:  # settling failed: none of them went out
                 self._carry = outputs
+                self._unsent += reports
                 self._redis_failing(error)
             except Exception:
                 logger.exception("publishing %d items failed", len(outputs))
@@ -219,7 +226,8 @@ class WorkerIO(threading.Thread):
             if self._stopping and any(kind == "flush" for kind, _, _ in batch):
                 return
 
-    async def _publish(self, batch: list[tuple[str, Any, float | None]]) -> None:
+    async def _publish(self, batch: list[tuple[str, Any, float | None]],
+                       reports: list[tuple[str, Aborted]] = ()) -> None:
         messages = []
         for kind, value, step_time in batch:
             if kind == "outputs":
@@ -248,7 +256,7 @@ class WorkerIO(threading.Thread):
                 # Kept a while, not deleted: a copy enqueued again (Redis lost its data) must find it claimed.
                 cleanup.append(("expire", (claim_key(rid), worker_registry.CLAIM_DONE_TTL), {}))
         cleanup += self.ledger.counter_commands()
-        await self._send(items, cleanup)
+        await self._send(items + list(reports), cleanup)
 
     async def _send(self, items: list[tuple[str, dict]], cleanup: list[tuple[str, tuple, dict]]) -> None:
         """Send numbered messages (and Redis commands), after those a failed send kept; when Redis
@@ -339,9 +347,12 @@ class WorkerIO(threading.Thread):
             abort = Abort.decode(message)
             if abort is not None:
                 rids = list(abort.rids)
+                unknown = [rid for rid in rids if not self.ledger.client_left(rid)]
                 for rid in rids:
-                    self.ledger.client_left(rid)
                     self.metrics.forget(rid)
+                if unknown and abort.reply:  # ended, or never here: nothing of them is computed any more
+                    await self._queue.put(("reports", [(abort.reply, aborted_message(rid, 0)) for rid in unknown],
+                                           None))
                 self._on_abort(rids)
                 try:  # aborted before it started: its held record goes (nothing is published for it)
                     await self._settle(set(rids), aborted=True)

@@ -52,6 +52,7 @@ class Entry:
     used: int = 0  # tokens counted so far
     started: bool = False  # its prompt was counted (first output)
     left: bool = False  # its client left; the engine's count of its computed prompt is awaited (aborted)
+    report_to: str | None = None  # where that count goes (its reply channel, once its client left)
 
 
 class RequestLedger:
@@ -131,27 +132,31 @@ class RequestLedger:
         entry.reply = None
         self._correct(rid, entry)
 
-    def client_left(self, rid: str) -> None:
+    def client_left(self, rid: str) -> bool:
         """The client of ``rid`` left (an abort): publish nothing more of it; its charge is corrected by
-        :meth:`aborted` once the engine dropped it."""
+        :meth:`aborted` once the engine dropped it. Returns whether :meth:`aborted` will name where to report
+        the engine's count (False: the worker does not have ``rid``, or it ended)."""
         entry = self._entries.get(rid)
         if entry is not None and entry.reply is not None:
-            entry.reply, entry.left = None, True
+            entry.reply, entry.left, entry.report_to = None, True, entry.reply
+        return entry is not None and entry.left
 
-    def aborted(self, rid: str, computed_prompt_tokens: int) -> None:
+    def aborted(self, rid: str, computed_prompt_tokens: int) -> str | None:
         """The engine dropped ``rid`` after its client left, having computed ``computed_prompt_tokens`` of its
         prompt (prefix-cache hits included; 0 where its prefill had not begun or the engine never had it):
         correct its tenant's counter to what it used, its prompt counted where its prefill had begun, as it
-        is for a request that answered (an output's prompt counts whole)."""
+        is for a request that answered (an output's prompt counts whole). Returns the reply channel to send
+        the count to (:func:`.messages.aborted_message`), None for a request whose client did not leave."""
         entry = self._entries.get(rid)
         if entry is None or not entry.left:
-            return
+            return None
         entry.left = False
         if not entry.started and computed_prompt_tokens > 0:
             entry.started = True
             entry.used += computed_prompt_tokens
             self._served[(entry.model, entry.tenant)] += computed_prompt_tokens
         self._correct(rid, entry)
+        return entry.report_to
 
     def _correct(self, rid: str, entry: Entry) -> None:
         self._counters[(entry.model, entry.tenant)] += (entry.used - entry.cost) * entry.charge / max(1, entry.cost)

@@ -13,7 +13,9 @@ token is part of a character (``decoded_token`` is then U+FFFD). An *error* mess
 ``{"type": "error", "rid", "seq", "status", "message", "param"}`` ends the request.
 ``seq`` counts the messages of one engine request from 0, so the receiver can check order;
 ``worker`` names the worker that runs the request. An :class:`Abort` goes the other way, on the
-worker's control channel.
+worker's control channel; the worker answers each of its requests with an *aborted* message
+``{"type": "aborted", "rid", "num_computed_prompt_tokens"}`` once its engine dropped it, so that the web
+process can charge the tenant for a prompt whose prefill ran although nobody saw an answer.
 """
 from __future__ import annotations
 
@@ -62,24 +64,40 @@ class Error(TypedDict):
     worker: NotRequired[str]
 
 
+class Aborted(TypedDict):
+    """Worker to web, after an :class:`Abort`: the engine dropped request ``rid`` having computed
+    ``num_computed_prompt_tokens`` of its prompt (prefix-cache hits included; 0 where its prefill had not
+    begun or the worker did not have it). Not numbered: nothing of the request follows it."""
+
+    type: Literal["aborted"]
+    rid: str
+    num_computed_prompt_tokens: int
+
+
+def aborted_message(rid: str, num_computed_prompt_tokens: int) -> Aborted:
+    return {"type": "aborted", "rid": rid, "num_computed_prompt_tokens": num_computed_prompt_tokens}
+
+
 Message = Delta | Error
 
 
 @dataclass(frozen=True)
 class Abort:
-    """Web to worker, on the worker's control channel: the clients of ``rids`` left."""
+    """Web to worker, on the worker's control channel: the clients of ``rids`` left. ``reply``: their
+    reply channel, where the worker sends an :class:`Aborted` for each, also for one it no longer has."""
 
     rids: tuple[str, ...]
+    reply: str | None = None
 
     def encode(self) -> dict[str, Any]:
-        return {"type": "abort", "rids": list(self.rids)}
+        return {"type": "abort", "rids": list(self.rids), "reply": self.reply}
 
     @classmethod
     def decode(cls, message: dict[str, Any]) -> Abort | None:
         """The abort in a control-channel message, None for any other message."""
         if message.get("type") != "abort":
             return None
-        return cls(tuple(str(rid) for rid in message.get("rids", ())))
+        return cls(tuple(str(rid) for rid in message.get("rids", ())), message.get("reply"))
 
 
 def _encode_positions(positions: list[dict] | None) -> list | None:
