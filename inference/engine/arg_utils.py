@@ -198,30 +198,14 @@ class EngineArgs:
             ModelLoadError, UnsupportedArchitectureError, InvalidRequestError.
         """
         self._check_ranges()
-        if self.load_format != "dummy" and is_dummy_only(self.model):
-            raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
-                                 "tokenizer only). Pass load_format='dummy' to run it with random weights.",
-                                 param="load_format")
-        resolved = resolve_model(self.model, self.tokenizer, load_format=self.load_format)
-        hf_config = load_hf_config(resolved.model_dir)
-        check_architecture(hf_config)
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        check_tensor_parallel_size(self.tensor_parallel_size, hf_config, self.model, device)
+        resolved, hf_config, quant_config, max_model_len = self._check_against_model(device)
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(checkpoint_dtype, str):
             checkpoint_dtype = getattr(torch, checkpoint_dtype, None)
         dtype = parse_dtype(self.dtype, checkpoint_dtype, device)
-        quant_config = resolve_quantization(self.quantization, hf_config, self.load_format)
-        if quant_config is not None:
-            check_quantized_tensor_parallel_size(self.tensor_parallel_size, hf_config, quant_config.method,
-                                                 quant_config.group_size)
         if quant_config is not None and quant_config.method == "fp8":
             check_fp8_supported(device)
-        model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
-        max_model_len = self.max_model_len or model_max
-        if max_model_len > model_max:
-            raise InvalidRequestError(f"max_model_len={max_model_len} exceeds the model's "
-                                      f"max_position_embeddings={model_max}.", param="max_model_len")
         batched = self.max_num_batched_tokens or (2048 if self.enable_chunked_prefill else max(max_model_len, 2048))
         if not self.enable_chunked_prefill and batched < max_model_len:
             raise InvalidRequestError(
@@ -252,6 +236,40 @@ class EngineArgs:
                                       **self._decode_windows(device)),
             lora=lora,
         )
+
+    def check_model(self) -> None:
+        """The checks of :meth:`create_engine_config` that need the model's config but not the device that
+        will run it (for a catalog entry saved where no worker runs): the weights exist, the architecture is
+        supported, ``quantization`` matches the checkpoint, ``max_model_len`` fits the model and
+        ``tensor_parallel_size`` splits its heads (and its 4-bit layers). A GGUF file is converted (cached) on
+        the first check, as at a load.
+
+        Raises:
+            InvalidRequestError, ModelLoadError, UnsupportedArchitectureError: naming the argument (``param``).
+        """
+        self._check_against_model(device=None)
+
+    def _check_against_model(self, device: str | None):
+        """Resolve the model and check the arguments against its config (``device`` None: skip what depends
+        on the device, e.g. the number of GPUs). Returns ``(resolved, hf_config, quant_config, max_model_len)``."""
+        if self.load_format != "dummy" and is_dummy_only(self.model):
+            raise ModelLoadError(f"There are no weights for {self.model!r}: it is a benchmark shape (config and "
+                                 "tokenizer only). Pass load_format='dummy' to run it with random weights.",
+                                 param="load_format")
+        resolved = resolve_model(self.model, self.tokenizer, load_format=self.load_format)
+        hf_config = load_hf_config(resolved.model_dir)
+        check_architecture(hf_config)
+        check_tensor_parallel_size(self.tensor_parallel_size, hf_config, self.model, device or "")
+        quant_config = resolve_quantization(self.quantization, hf_config, self.load_format)
+        if quant_config is not None:
+            check_quantized_tensor_parallel_size(self.tensor_parallel_size, hf_config, quant_config.method,
+                                                 quant_config.group_size)
+        model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
+        max_model_len = self.max_model_len or model_max
+        if max_model_len > model_max:
+            raise InvalidRequestError(f"max_model_len={max_model_len} exceeds the model's "
+                                      f"max_position_embeddings={model_max}.", param="max_model_len")
+        return resolved, hf_config, quant_config, max_model_len
 
     def _decode_windows(self, device: str) -> dict:
         """``num_scheduler_steps`` and ``adaptive_windows`` of the scheduler: the user's fixed windows,

@@ -57,12 +57,13 @@ def _models(s: Stack) -> list[str]:
 
 
 def _register(browser: Browser, name: str, source: str, max_model_len: int = 1024,
-              path: str = "/admin/catalog/servedmodel/add/", quantization: str = "") -> tuple[int, str]:
+              path: str = "/admin/catalog/servedmodel/add/", quantization: str = "",
+              tensor_parallel_size: int = 1) -> tuple[int, str]:
     browser.get(path)
     status, _, page = browser.post(path, {
         "name": name, "source": source, "dtype": "auto", "quantization": quantization,
-        "max_model_len": str(max_model_len),
-        "gpu_memory_utilization": "0.9", "max_num_seqs": "8", "tensor_parallel_size": "1", "enabled": "on"})
+        "max_model_len": str(max_model_len), "gpu_memory_utilization": "0.9", "max_num_seqs": "8",
+        "tensor_parallel_size": str(tensor_parallel_size), "enabled": "on"})
     return status, page
 
 
@@ -93,8 +94,24 @@ def test_a_bad_source_is_refused_with_its_reason_and_nothing_saved(idle):
     assert status == 200 and "is not a model source" in page
     status, page = _register(browser, "int3", MODEL, quantization="int3")
     assert status == 200 and "Unknown method &#x27;int3&#x27;" in page
+    # what the model's config rules out is refused at the save, on its field, not at a worker's load
+    status, page = _register(browser, "too-long", MODEL, max_model_len=999999)
+    assert status == 200 and _field_error(page, "max_model_len").startswith("max_model_len=999999 exceeds the model")
+    status, page = _register(browser, "not-awq", MODEL, quantization="awq")
+    assert status == 200 and "awq" in _field_error(page, "quantization")
+    status, page = _register(browser, "tp4", MODEL, tensor_parallel_size=4)
+    assert status == 200 and "valid sizes: 1, 3, 9" in _field_error(page, "tensor_parallel_size")
     _, _, listing = browser.get("/admin/catalog/servedmodel/")
-    assert "nowhere" not in listing and "not-a-model" not in listing and "int3" not in listing
+    for name in ("nowhere", "not-a-model", "int3", "too-long", "not-awq", "tp4"):
+        assert name not in listing
+
+
+def _field_error(page: str, field: str) -> str:
+    """The error the admin's form shows on ``field`` ('' if none)."""
+    found = re.search(rf'<ul class="errorlist[^"]*" id="id_{field}_error"><li>(.*?)</li>', page, re.S)
+    if found is None:
+        found = re.search(rf'field-{field}.*?<ul class="errorlist[^"]*"[^>]*><li>(.*?)</li>', page, re.S)
+    return found[1].replace("&#x27;", "'") if found else ""
 
 
 def test_a_failed_load_shows_its_error_and_leaves_the_worker_idle(idle, tmp_path):

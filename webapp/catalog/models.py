@@ -14,6 +14,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from inference.engine.arg_utils import EngineArgs
+from inference.errors import TesseraError
 from inference.quantization.config import QUANTIZATION_METHODS
 from webapp.serving.lora_registry import AdapterEntry
 from webapp.serving.model_spec import ModelSpec
@@ -22,6 +24,7 @@ from .sources import validate_adapter_path, validate_source
 
 DTYPES = [("auto", "auto (float32 on CPU, the checkpoint's on GPU)"), ("float32", "float32"),
           ("bfloat16", "bfloat16"), ("float16", "float16")]
+CHECKED_FIELDS = ("dtype", "quantization", "max_model_len", "tensor_parallel_size")  # errors shown on the field
 NAME_MAX_LENGTH = 200  # characters of a served model's or an adapter's name
 NAME_RULE = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*\Z",  # \Z: no trailing newline, unlike $
                            "Use letters, digits and . _ : / - (starting with a letter or digit).")
@@ -65,11 +68,24 @@ class ServedModel(models.Model):
         return self.name
 
     def clean(self) -> None:
-        """Refuse a quantization method the engine does not know (the form shows it on the field)."""
+        """Refuse what no worker could load, on the field at fault: a quantization method the engine does not
+        know, and what the model's config rules out (``EngineArgs.check_model``: ``max_model_len`` beyond the
+        model's, a quantization the checkpoint does not have, a ``tensor_parallel_size`` that does not split
+        its heads, an unsupported architecture). What depends on a worker's device (the number of GPUs, FP8
+        support) is checked when a worker loads it."""
         super().clean()
         if self.quantization and self.quantization not in QUANTIZATION_METHODS:
             raise ValidationError({"quantization": f"Unknown method {self.quantization!r}: use one of "
                                                    f"{', '.join(QUANTIZATION_METHODS)}, or leave it empty."})
+        try:
+            validate_source(self.source)
+        except ValidationError:
+            return  # the field's own error is shown
+        try:
+            self.spec().engine_args(EngineArgs(model=self.source.strip())).check_model()
+        except TesseraError as error:
+            field = getattr(error, "param", None)
+            raise ValidationError({field if field in CHECKED_FIELDS else "source": str(error)}) from None
 
     def spec(self) -> ModelSpec:
         """What a worker needs to load this model."""
