@@ -98,6 +98,7 @@ class EngineLoop(threading.Thread):
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
         self._ended = threading.Event()  # the loop stopped stepping: aborts are reported at once
+        self._ending = threading.Lock()  # an abort is queued before the end, or reported at once: never lost
         self._stop_reason = "The worker is shutting down."
         self.tenant_shares: Any = None  # the TenantShares the engine runs on (set_tenant_shares)
         self.stats: Any = None
@@ -154,10 +155,12 @@ class EngineLoop(threading.Thread):
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests before the next step (unknown ids are remembered for a while). Once the loop has
         ended, the requests are reported at once with no prompt computed (``on_aborted``)."""
-        if self._ended.is_set():
+        with self._ending:
+            ended = self._ended.is_set()
+            if not ended:
+                self._inbox.put(("abort", list(request_ids)))
+        if ended:
             self._report_aborted(dict.fromkeys(request_ids, 0))
-            return
-        self._inbox.put(("abort", list(request_ids)))
 
     def _report_aborted(self, computed: dict[str, int]) -> None:
         if self._on_aborted is not None and computed:
@@ -197,7 +200,7 @@ class EngineLoop(threading.Thread):
             self.stats = self.engine.get_stats()
         except BaseException as error:
             self._build_error = error
-            self._ended.set()
+            self._end()
             return
         finally:
             self._built.set()
@@ -222,11 +225,16 @@ class EngineLoop(threading.Thread):
             for rid in list(self._active):
                 self._on_rejected(rid, 503, reason, None)
             self._abort_all()
-            self._ended.set()
-            self._drain_aborts()  # those sent while it stopped: reported, so that their charges are corrected
+            self._end()
             self.engine.close()  # ends its tensor-parallel rank processes, if any
             if self.failed is not None and self._on_failure is not None:
                 self._on_failure(self.failed)
+
+    def _end(self) -> None:
+        """Stop taking aborts into the inbox; report those already sent (their charges are corrected)."""
+        with self._ending:
+            self._ended.set()
+        self._drain_aborts()
 
     def _drain_aborts(self) -> None:
         while True:
