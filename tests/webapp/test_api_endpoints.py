@@ -207,6 +207,13 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(stack):
     assert status == 400 and error["param"] == "min_tokens", body
     status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "echo": False})
     assert status == 400 and json.loads(body)["error"]["param"] == "max_tokens"  # without echo: at least 1
+    # an emoji is split over tokens that are each part of a character: written as bytes, offsets in characters
+    status, _, body = http("POST", stack.base_url + "/v1/completions",
+                           {**base, "prompt": "Hello world \U0001F600", "logprobs": 5})
+    lp = json.loads(body)["choices"][0]["logprobs"]
+    assert lp["tokens"][:2] == ["Hello", " world"] and lp["tokens"][2].startswith("bytes: \\xf0"), lp["tokens"]
+    assert lp["text_offset"] == [0, 5, 11] + [12] * (len(lp["tokens"]) - 3)
+    assert all(len(top) >= 5 for top in lp["top_logprobs"][1:])  # alternatives that are bytes keep their keys
 
 
 def test_browsers_may_call_the_api_from_any_origin_by_default(stack):

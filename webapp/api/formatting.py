@@ -6,6 +6,7 @@ Log-probabilities arrive from workers as, per output position, a list of
 """
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -56,23 +57,19 @@ def chat_logprobs(positions: list[Position] | None, token_ids: list[int], top_n:
 def completion_logprobs(positions: list[Position] | None, token_ids: list[int], top_n: int,
                         text_offset: int) -> dict | None:
     """Legacy completions ``logprobs``: parallel arrays ``tokens``, ``token_logprobs``,
-    ``top_logprobs`` (token -> logprob) and ``text_offset`` (characters from the start).
+    ``top_logprobs`` (token -> logprob) and ``text_offset`` (characters from the start, ``text_offset`` for the
+    first token).
 
     Each ``top_logprobs`` entry holds the ``top_n`` most likely tokens plus the sampled one when it
-    is not among them (``top_n + 1`` at most; ``top_n = 0``: the sampled token alone), as vLLM does.
+    is not among them (``top_n + 1`` at most; ``top_n = 0``: the sampled token alone), as vLLM does. A token
+    that is part of a character is written as OpenAI writes it, ``bytes:`` and its bytes (:func:`_legacy_token`),
+    so that such alternatives keep keys of their own; its offset is its character's.
     """
     if positions is None:
         return None
-    tokens, token_logprobs, tops, offsets = [], [], [], []
-    for position, token_id in zip(positions, token_ids):
-        chosen, top = _split(position or [], token_id, top_n)
-        text = _token_text(chosen)
-        tokens.append(text)
-        token_logprobs.append(_logprob(chosen[1]))
-        tops.append({_token_text(e): _logprob(e[1]) for e in _with_sampled(chosen, top)})
-        offsets.append(text_offset)
-        text_offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+    body, pieces = _legacy_logprobs(positions, token_ids, top_n)
+    body["text_offset"] = _text_offsets(pieces, text_offset)
+    return body
 
 
 def echo_logprobs(prompt_positions: list[Position | None] | None, prompt_ids: list[int], prompt_text: str,
@@ -83,14 +80,53 @@ def echo_logprobs(prompt_positions: list[Position | None] | None, prompt_ids: li
     if not prompt_ids:
         return completion_logprobs(positions, token_ids, top_n, 0)
     prompt_positions = prompt_positions or [None] * len(prompt_ids)
-    rest = completion_logprobs([p or [] for p in prompt_positions[1:]], prompt_ids[1:], top_n, 0)
-    rest_text = "".join(rest["tokens"])
-    first = prompt_text[:len(prompt_text) - len(rest_text)] if prompt_text.endswith(rest_text) else ""
-    body = {"tokens": [first, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
-            "top_logprobs": [None, *rest["top_logprobs"]],
-            "text_offset": [0, *(o + len(first) for o in rest["text_offset"])]}
-    tail = completion_logprobs(positions, token_ids, top_n, len(first) + len(rest_text))
-    return {key: body[key] + tail[key] for key in body}
+    rest, rest_pieces = _legacy_logprobs([p or [] for p in prompt_positions[1:]], prompt_ids[1:], top_n)
+    whole, rest_bytes = prompt_text.encode("utf-8"), b"".join(rest_pieces)
+    first = whole[:len(whole) - len(rest_bytes)] if whole.endswith(rest_bytes) else b""
+    tail, tail_pieces = _legacy_logprobs(positions, token_ids, top_n)
+    return {"tokens": [_bytes_token(first), *rest["tokens"], *tail["tokens"]],
+            "token_logprobs": [None, *rest["token_logprobs"], *tail["token_logprobs"]],
+            "top_logprobs": [None, *rest["top_logprobs"], *tail["top_logprobs"]],
+            "text_offset": _text_offsets([first, *rest_pieces, *tail_pieces], 0)}
+
+
+def _legacy_logprobs(positions: list[Position], token_ids: list[int], top_n: int) -> tuple[dict, list[bytes]]:
+    """``tokens``, ``token_logprobs`` and ``top_logprobs`` of legacy completions, and each token's bytes."""
+    tokens, token_logprobs, tops, pieces = [], [], [], []
+    for position, token_id in zip(positions, token_ids):
+        chosen, top = _split(position or [], token_id, top_n)
+        tokens.append(_legacy_token(chosen))
+        token_logprobs.append(_logprob(chosen[1]))
+        tops.append({_legacy_token(e): _logprob(e[1]) for e in _with_sampled(chosen, top)})
+        pieces.append(bytes(_token_bytes(chosen)))
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops}, pieces
+
+
+def _legacy_token(entry: list) -> str:
+    """A token as legacy completions write it: its text, or, for one that is part of a character (its text
+    alone is U+FFFD), ``bytes:`` and its bytes, as OpenAI writes them (e.g. ``bytes: \\xf0\\x9f``)."""
+    if len(entry) > 4 and entry[4]:
+        return _bytes_token(bytes(entry[4]))
+    return _token_text(entry)
+
+
+def _bytes_token(piece: bytes) -> str:
+    """``piece`` as text where it is whole UTF-8, else ``bytes:`` and its bytes (printable ASCII as is)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02x}" for b in piece)
+
+
+def _text_offsets(pieces: list[bytes], start: int) -> list[int]:
+    """The character offset of each of the consecutive byte strings ``pieces`` in their joined text, from
+    ``start``: the characters completed before it (a piece that continues a character has that character's)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets, done = [], start
+    for piece in pieces:
+        offsets.append(done)
+        done += len(decoder.decode(piece))
+    return offsets
 
 
 def vllm_prompt_logprobs(prompt_positions: list[Position | None] | None) -> list | None:
