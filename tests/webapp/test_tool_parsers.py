@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from webapp.api.tool_parsers.json_calls import JsonListParser
 from webapp.api.tool_parsers import (ExtractedToolCalls, ToolCallDelta, ToolParser, UnknownToolParser,
                                      get_tool_parser)
 
@@ -131,15 +132,28 @@ CONTENT = [
     ("pythonic", "Sure: [get_weather(city='SF')]"),
 ]
 
-# Outputs whose markup breaks only after a call's name and the start of its arguments: the
+# Outputs whose markup breaks inside the only call's arguments, after its name and their start: the
 # stream has sent them (it cannot take them back), extract() gives the whole text as content.
 BROKEN_AFTER_NAME = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # malformed JSON
-    ("hermes", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1}'),  # cut off
     ("llama3_json", '{"name": "f", "parameters": {"a": tru}}'),  # malformed JSON
-    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}'),  # cut off
-    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}} {"name": "g"}]'),  # no comma
-    ("pythonic", "[f(city='SF'), ]"),
+    ("hermes", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1, "b": [2'),  # cut off
+]
+
+# Outputs whose markup breaks or is cut off after whole calls: (parser, text, content, calls), streamed or not.
+BROKEN_AFTER_CALLS = [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": {x}}',
+     None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g', None,
+     [("f", {"a": 1})]),  # cut off
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", '
+               '"arguments": {"b": "tr', None, [("f", {"a": 1})]),  # cut inside the second call's arguments
+    ("hermes", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1}', "Hi ", [("f", {"a": 1})]),  # arguments whole
+    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}', None, [("f", {"a": 1})]),
+    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b', None,
+     [("f", {"a": 1})]),
+    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}} {"name": "g"}]', None, [("f", {"a": 1})]),  # no comma
+    ("pythonic", "[f(city='SF'), ]", None, [("f", {"city": "SF"})]),
 ]
 
 
@@ -210,12 +224,23 @@ def test_plain_content_streams_without_waiting():
     assert p.feed("Hello, world") == ("Hello, world", [])
 
 
-def test_broken_markup_after_a_sent_call_is_not_content():
-    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": {x}}'
-    assert extract("hermes", text) == ExtractedToolCalls(text, [])
-    contents, deltas = stream("hermes", text, [3])
-    assert "".join(contents) == ""
-    assert assemble(deltas)[0][1:] == ("f", '{"a": 1}')
+@pytest.mark.parametrize("parser,text,content,calls", BROKEN_AFTER_CALLS)
+def test_markup_broken_after_whole_calls_leaves_those_calls_and_no_markup_streamed_or_not(parser, text, content,
+                                                                                          calls):
+    """Seen: ``max_tokens`` cut a second call; the stream sent the first call, the whole response sent no call and
+    the raw markup as content. Both now give the whole calls and drop the broken rest."""
+    result = extract(parser, text)
+    assert result.content == content and calls_of(result) == calls
+    for sizes in ([1], [3], [len(text)]):
+        contents, deltas = stream(parser, text, sizes)
+        assert "".join(contents) == (content or ""), sizes
+        assert [(name, json.loads(arguments)) for _, name, arguments in assemble(deltas)[:len(calls)]] == calls
+
+
+def test_a_required_list_cut_by_max_tokens_gives_its_whole_calls():
+    text = '[{"name": "ping", "parameters": {}}, {"name": "ping", "parameters": {}}, {"name": "ping",'
+    result = JsonListParser(None).extract(text)
+    assert result.content is None and calls_of(result) == [("ping", {}), ("ping", {})]
 
 
 def test_pythonic_arguments_are_json():

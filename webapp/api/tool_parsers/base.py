@@ -168,12 +168,18 @@ class StreamingToolParser(ToolParser):
         return self._take()
 
     def extract(self, text: str) -> ExtractedToolCalls:
+        """Run the streaming machine over ``text``: the content and calls a stream of it sends. Where the
+        markup breaks or is cut off (``max_tokens``) after whole calls, those calls are the result and the
+        broken rest is dropped, as in a stream; a call cut inside its arguments (a stream has sent its start)
+        is dropped too. Where no call is whole, the whole text is content."""
         parser = type(self)(self.tools)
         parser.feed(text)
         parser.finish()
-        calls = [ToolCall(c.id, c.name or "", "".join(c.arguments)) for c in parser._calls]
+        calls = [ToolCall(c.id, c.name, "".join(c.arguments)) for c in parser._calls if c.name is not None]
+        if parser._failed:
+            calls = [call for call in calls if _is_json_object(call.arguments)]
         try:
-            if parser._failed:
+            if not calls and parser._failed:
                 raise MalformedToolCall("the tool-call markup does not parse")
             self._validate(calls)
         except MalformedToolCall:
@@ -277,8 +283,8 @@ class StreamingToolParser(ToolParser):
         """The markup is not a call: what was held and all that follows is content.
 
         Once a call has been sent it cannot be taken back: then the broken markup and the
-        rest of the output are dropped rather than sent as content (:meth:`extract` gives the
-        whole text as content, since it can still decide).
+        rest of the output are dropped rather than sent as content (:meth:`extract` likewise keeps the
+        whole calls and drops the rest).
         """
         self._failed = True
         if any(call.name is not None for call in self._calls):
@@ -310,6 +316,14 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 def _content_or_none(text: str) -> str | None:
     return text if text.strip() else None
+
+
+def _is_json_object(arguments: str) -> bool:
+    try:
+        _require_json_object(arguments)
+    except MalformedToolCall:
+        return False
+    return True
 
 
 def _require_json_object(arguments: str) -> None:
