@@ -188,8 +188,12 @@ def test_create_api_key_command_prints_the_secret_once(tenant_web, orm, stack):
                             env=env, capture_output=True, text=True, check=True, cwd=launcher.BASE_DIR)
     secret = result.stdout.strip()
     assert secret.startswith("tsk-") and "not shown again" in result.stderr and secret not in result.stderr
+    assert "its requests need one from now on" in result.stderr  # the first key: keyless requests end here
     status, _, body = completion(tenant_web.base_url, bearer(secret))
     assert status == 200, body
+    second = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "cli-team"],
+                            env=env, capture_output=True, text=True, check=True, cwd=launcher.BASE_DIR)
+    assert "not shown again" in second.stderr and "from now on" not in second.stderr
     failed = subprocess.run([sys.executable, launcher.MANAGE, "create_api_key", "no-such-team"],
                             env=env, capture_output=True, text=True, cwd=launcher.BASE_DIR)
     assert failed.returncode != 0 and "--create-tenant" in failed.stderr

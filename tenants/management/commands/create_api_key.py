@@ -47,8 +47,13 @@ class Command(BaseCommand):
                 raise CommandError(f"Cannot create tenant '{slug}': {problems}") from None
             tenant.save()
         expires = timezone.now() + dt.timedelta(days=days) if days is not None else None
+        first = not ApiKey.objects.filter(tenant=tenant).exists()
         key, secret = ApiKey.issue(tenant, options["name"], expires)
         self.stderr.write(f"API key {key.prefix}… for tenant '{tenant.slug}'"
                           + (f", expires {expires:%Y-%m-%d %H:%M} UTC" if expires else "")
                           + ". Store it now: it is not shown again.")
+        if first:  # the tenant's requests without a key are refused from now on (docs/tenants.md)
+            self.stderr.write(f"Tenant '{tenant.slug}' has a key now: its requests need one from now on "
+                              "('Authorization: Bearer <key>'); requests without a key are answered 401"
+                              + (", also those that name no tenant." if tenant.slug == "default" else "."))
         self.stdout.write(secret)
