@@ -105,7 +105,7 @@ def test_a_prompt_prefilled_for_a_client_that_left_is_charged_to_its_tenant(tena
             writer.transport.abort()
 
     asyncio.run(run())
-    usage = wait_for(lambda: (lambda u: u if u["errors_aborted"] == 1 else None)(usage_totals(team)), timeout=60)
+    usage = wait_for(lambda: (lambda u: u if u["errors_aborted"] == 1 else None)(usage_totals(team)), timeout=150)
     # The engine computes a 1,900-token prompt in one step here; the step running when the abort came counts
     assert usage["requests"] == 1 and usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 0, usage
     day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")

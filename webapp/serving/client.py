@@ -46,8 +46,8 @@ ABORT_RETRY_FOR = 600.0  # seconds an abort is retried while Redis is unreachabl
 ABORT_RETRY_MAX_DELAY = 2.0  # seconds between two tries, at most
 
 # Seconds an aborted stream waits for its workers' counts of what the engine computed (:class:`LeftBehind`); they
-# come once each engine dropped its request, at its next step boundary.
-ABORT_REPORT_WAIT = 30.0
+# come once each engine dropped its request, at its next step boundary (a long prefill chunk on a CPU takes seconds).
+ABORT_REPORT_WAIT = 120.0
 
 SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its worker
 # Seconds a request that has not started waits for some worker of its model to be live again
