@@ -111,14 +111,17 @@ class Meter:
         engines computed for a request whose client left that its stream never saw
         (:attr:`webapp.serving.client.GenerationStream.left_behind`), so that leaving before the first token
         does not make a prefill free in the tenant's budget, token limits and usage. The concurrency slot and
-        the budget's reservation are freed at once; the tokens ``more`` adds are taken from the token limits
-        and counted in the day's budget when it resolves, and the usage is recorded then. Returns at once."""
+        the budget's reservation are freed at once, but every prompt stays charged (as at admission) until
+        ``more`` resolves, so that no request admitted meanwhile finds room the engine already used; then the
+        limits are corrected to what was computed (prompts that never ran given back) and the usage is
+        recorded. Returns at once."""
         if self.finished:
             return
         self.finished = True
         admission = self.admission
+        held = completion_tokens + max(prompt_tokens, admission.charged_tokens if admission else 0)
         if admission is not None:
-            self._background(self._settle(admission, prompt_tokens + completion_tokens))
+            self._background(self._settle(admission, held))
 
         async def account() -> None:
             extra = (0, 0)
@@ -126,8 +129,9 @@ class Meter:
                 extra = await more
             except Exception:
                 logger.exception("counting what the engines computed for an aborted request failed")
-            if admission is not None and sum(extra):  # settling again only takes the tokens (slot and hold gone)
-                await self._settle(replace(admission, charged_tokens=0), sum(extra))
+            used = prompt_tokens + extra[0] + completion_tokens + extra[1]
+            if admission is not None and used != held:  # settling again only moves the tokens (slot and hold gone)
+                await self._settle(replace(admission, charged_tokens=held), used)
             self._record(prompt_tokens + extra[0], completion_tokens + extra[1], error, finish_reasons)
 
         self._background(account())

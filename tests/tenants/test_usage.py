@@ -78,7 +78,8 @@ def test_a_tenant_deleted_before_its_usage_is_written_loses_no_other_tenants_usa
 
 def test_a_prompt_prefilled_for_a_client_that_left_is_charged_to_its_tenant(tenant_web, stack):
     """The client leaves once its long prompt is prefilling, before any token came back: the prompt tokens the
-    engine computed are in the tenant's usage record and its day's budget count, not free."""
+    engine computed are in the tenant's usage record and its day's budget count, not free; and while the engine
+    still computes it, the budget keeps it counted, so a request that would not fit beside it is refused."""
     import asyncio
     import random
 
@@ -86,7 +87,7 @@ def test_a_prompt_prefilled_for_a_client_that_left_is_charged_to_its_tenant(tena
     from tests.webapp.test_serving_abort import _new_claim, _wait_idle
     from webapp.transport.keys import limits_keys
 
-    team = make_tenant(daily_token_budget=1_000_000)
+    team = make_tenant(daily_token_budget=3000)
     _wait_idle(stack, 30)
     rng = random.Random(3)
     prompt = [rng.randrange(1000, 30000) for _ in range(1900)]
@@ -105,10 +106,16 @@ def test_a_prompt_prefilled_for_a_client_that_left_is_charged_to_its_tenant(tena
             writer.transport.abort()
 
     asyncio.run(run())
+    day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
+    wait_for(lambda: not stack.redis.hlen(limits_keys(team.id, day)[5]))  # the web process settled the abort
+    assert int(stack.redis.get(limits_keys(team.id, day)[3]) or 0) >= len(prompt)  # the prompt stays counted
+    other = [rng.randrange(1000, 30000) for _ in range(1900)]
+    status, _, refused = completion(tenant_web.base_url, {"X-Tenant-ID": team.slug}, max_tokens=1, prompt=other)
+    assert status == 429 and "daily budget" in refused["error"]["message"], refused  # 1,900 + 1,901 > 3,000
     usage = wait_for(lambda: (lambda u: u if u["errors_aborted"] == 1 else None)(usage_totals(team)), timeout=150)
     # The engine computes a 1,900-token prompt in one step here; the step running when the abort came counts
-    assert usage["requests"] == 1 and usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 0, usage
-    day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
+    assert usage["requests"] - usage["errors_rate_limited"] == 1, usage
+    assert usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 0, usage
     counted = int(stack.redis.get(limits_keys(team.id, day)[3]) or 0)
     assert len(prompt) <= counted <= len(prompt) + 50, counted  # the budget counts it; the reservation is gone
     assert not stack.redis.hlen(limits_keys(team.id, day)[5])

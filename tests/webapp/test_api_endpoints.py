@@ -214,6 +214,13 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(stack):
     assert lp["tokens"][:2] == ["Hello", " world"] and lp["tokens"][2].startswith("bytes: \\xf0"), lp["tokens"]
     assert lp["text_offset"] == [0, 5, 11] + [12] * (len(lp["tokens"]) - 3)
     assert all(len(top) >= 5 for top in lp["top_logprobs"][1:])  # alternatives that are bytes keep their keys
+    # token ids whose text starts inside a character (U+FFFD in the text): the first token is still its own
+    status, _, body = http("POST", stack.base_url + "/tokenize", {"model": MODEL, "prompt": "I \U0001F343\u65e5\u672c"})
+    ids = json.loads(body)["tokens"]  # 'I', ' \xf0\x9f', '\x8d', '\x83', then 日本
+    status, _, body = http("POST", stack.base_url + "/v1/completions", {**base, "prompt": ids[2:], "logprobs": 1})
+    lp = json.loads(body)["choices"][0]["logprobs"]
+    assert lp["tokens"][:2] == ["bytes:\\x8d", "bytes:\\x83"], lp["tokens"]
+    assert lp["text_offset"][:3] == [0, 1, 2], lp  # two lone bytes are two U+FFFD, then 日
 
 
 def test_browsers_may_call_the_api_from_any_origin_by_default(stack):

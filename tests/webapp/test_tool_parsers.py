@@ -154,6 +154,12 @@ BROKEN_AFTER_CALLS = [
      [("f", {"a": 1})]),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}} {"name": "g"}]', None, [("f", {"a": 1})]),  # no comma
     ("pythonic", "[f(city='SF'), ]", None, [("f", {"city": "SF"})]),
+    # max_tokens cut a tag after a whole call: the piece of markup is not content
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_', None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call', None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<', None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_', None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nSo <tool_', "So ", [("f", {"a": 1})]),
 ]
 
 

@@ -73,16 +73,18 @@ def completion_logprobs(positions: list[Position] | None, token_ids: list[int], 
 
 
 def echo_logprobs(prompt_positions: list[Position | None] | None, prompt_ids: list[int], prompt_text: str,
-                  positions: list[Position], token_ids: list[int], top_n: int) -> dict:
+                  positions: list[Position], token_ids: list[int], top_n: int, first_token: bytes | None = None
+                  ) -> dict:
     """Legacy ``logprobs`` for ``echo``: the prompt's tokens first (the first has ``null`` logprob
-    and top logprobs: nothing precedes it; its text is what the prompt's text has before the
-    others'), then the output's, text offsets running on through both."""
+    and top logprobs: nothing precedes it; its bytes are ``first_token``, or else what the prompt's text has
+    before the others'), then the output's, text offsets running on through both."""
     if not prompt_ids:
         return completion_logprobs(positions, token_ids, top_n, 0)
     prompt_positions = prompt_positions or [None] * len(prompt_ids)
     rest, rest_pieces = _legacy_logprobs([p or [] for p in prompt_positions[1:]], prompt_ids[1:], top_n)
     whole, rest_bytes = prompt_text.encode("utf-8"), b"".join(rest_pieces)
-    first = whole[:len(whole) - len(rest_bytes)] if whole.endswith(rest_bytes) else b""
+    first = first_token if first_token is not None else (
+        whole[:len(whole) - len(rest_bytes)] if whole.endswith(rest_bytes) else b"")
     tail, tail_pieces = _legacy_logprobs(positions, token_ids, top_n)
     return {"tokens": [_bytes_token(first), *rest["tokens"], *tail["tokens"]],
             "token_logprobs": [None, *rest["token_logprobs"], *tail["token_logprobs"]],

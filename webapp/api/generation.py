@@ -30,10 +30,12 @@ from .tools import ToolExtractor, merge_call_deltas, tool_call_delta_json, tool_
 
 @dataclass
 class Prompt:
-    """One tokenized prompt; ``text`` is used for ``echo``."""
+    """One tokenized prompt; ``text`` is used for ``echo``, and ``first_token`` (the first token's UTF-8 bytes,
+    given for a prompt of token ids, whose text may not hold its tokens' bytes) for ``echo`` with ``logprobs``."""
 
     token_ids: list[int]
     text: str = ""
+    first_token: bytes | None = None
 
 
 @dataclass
@@ -189,7 +191,7 @@ class Generation:
                     "finish_reason": finish_reason, "stop_reason": c.stop_reason, **extra}
         if self.options.echo_logprobs:
             logprobs = formatting.echo_logprobs(prompt_logprobs, prompt.token_ids, prompt.text, c.pending_logprobs,
-                                                c.pending_ids, self.top_n)
+                                                c.pending_ids, self.top_n, prompt.first_token)
         else:
             logprobs = (formatting.completion_logprobs(c.pending_logprobs, c.pending_ids, self.top_n, 0)
                         if self.want_logprobs else None)

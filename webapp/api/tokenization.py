@@ -16,6 +16,7 @@ from django.conf import settings
 
 from inference.errors import ModelLoadError
 from inference.model_loader import load_tokenizer, resolve_model
+from inference.token_bytes import partial_token_bytes
 from inference.model_loader.sources import PACKAGED_MODEL_NAMES
 
 from .chat_templates import tool_use_template
@@ -105,6 +106,11 @@ class Tokenizer:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes of one token (also of one that is part of a character, whose text alone is U+FFFD)."""
+        text = self.hf.decode([token_id])
+        return bytes(partial_token_bytes(self.hf, token_id, text) or text.encode("utf-8"))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,

@@ -119,7 +119,8 @@ async def completions(request: HttpRequest, meter: Meter) -> HttpResponse:
         else:
             if any(t < 0 or t >= tokenizer.vocab_size for t in p):
                 raise APIError(f"Prompt token ids must be in [0, {tokenizer.vocab_size}).", 400, param="prompt")
-            tokenized.append(Prompt(list(p), tokenizer.decode(p) if options.echo else ""))
+            tokenized.append(Prompt(list(p), tokenizer.decode(p), tokenizer.token_bytes(p[0])) if options.echo
+                             else Prompt(list(p)))
     return await _respond(Generation(False, served.name, options, tokenized, meter, tokenizer.vocab_size, lora))
 
 

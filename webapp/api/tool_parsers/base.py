@@ -234,7 +234,7 @@ class StreamingToolParser(ToolParser):
             self._consume(len(marker))
             self._mode = then
             return True
-        keep = 0 if final else _partial_suffix(self._buf, marker)
+        keep = 0 if final else partial_suffix(self._buf, marker)
         text = self._buf[:len(self._buf) - keep]
         self._emit_content(text)
         self._buf = self._buf[len(text):]
@@ -306,7 +306,7 @@ class StreamingToolParser(ToolParser):
         self._mode = self._plain_mode
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest tail of ``text`` that is a proper prefix of ``marker``."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
