@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 
-from webapp.serving.client import get_redis
+from webapp.serving.web_redis import get_redis
 from webapp.serving.request_queue import queued_counts
 from webapp.serving.worker_registry import HEARTBEAT_INTERVAL, live_workers, model_totals
 

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from webapp.serving.client import get_redis
+from webapp.serving.web_redis import get_redis
 from webapp.transport.keys import VERSION_KEY
 
 from .errors import TenantError

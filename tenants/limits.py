@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 
-from webapp.serving.client import get_redis
+from webapp.serving.web_redis import get_redis
 from webapp.transport import limit_scripts
 from webapp.transport.keys import limits_keys
 

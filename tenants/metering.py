@@ -8,7 +8,7 @@ import logging
 from dataclasses import replace
 from typing import Awaitable, Iterable
 
-from webapp.serving.client import get_redis
+from webapp.serving.web_redis import get_redis
 
 from . import counters
 from .identity import Caller

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenants.identity import TenantRef
-from webapp.serving.client import get_redis
+from webapp.serving.web_redis import get_redis
 from webapp.transport.keys import LORA_VERSION_KEY
 
 from .errors import APIError

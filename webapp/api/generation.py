@@ -19,7 +19,8 @@ from inference.validation import validate_priority, validate_prompt, validate_to
 from tenants.metering import Meter, error_kind
 
 from webapp.env import ENV
-from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost, model_workers
+from webapp.serving.client import EngineRequestSpec, GenerationStream, ServerStopping, WorkerLost
+from webapp.serving.web_redis import model_workers
 
 from . import formatting
 from .adapters import Adapter

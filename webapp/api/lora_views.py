@@ -30,7 +30,7 @@ from tenants.models import ApiKey
 from webapp.catalog.lora import check_on_ready_worker
 from webapp.catalog.models import NAME_MAX_LENGTH, NAME_RULE, LoRAAdapter
 from webapp.env import ENV
-from webapp.serving.client import model_workers
+from webapp.serving.web_redis import model_workers
 
 from .adapters import name_clash, startup_adapters
 from .decorators import api_view

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
-from webapp.serving.client import get_redis, model_workers
+from webapp.serving.web_redis import get_redis, model_workers
 from webapp.serving.worker_registry import live_workers
 
 from .errors import APIError

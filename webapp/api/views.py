@@ -15,7 +15,7 @@ from tenants import counters as tenant_counters
 from tenants.identity import Caller
 from tenants.metering import Meter
 from webapp import metrics as prometheus
-from webapp.serving.client import get_redis, model_workers
+from webapp.serving.web_redis import get_redis, model_workers
 from webapp.serving.request_queue import queued_counts
 from webapp.serving.worker_registry import live_workers, model_totals
 from webapp.transport.keys import METRICS_MODELS_KEY

@@ -19,12 +19,11 @@ import json
 import logging
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, NamedTuple
 
 import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
-from django.conf import settings
 
 from redis.exceptions import RedisError
 
@@ -34,6 +33,7 @@ from webapp.transport.keys import claim_key, held_key
 from . import held, worker_registry
 from .messages import Abort, Message, is_final
 from .replies import reply_router
+from .web_redis import get_redis, heartbeating_workers, model_workers, retrieve_exception
 from .request_queue import QueuedRequest, drop_queued, enqueue, epoch
 
 logger = logging.getLogger(__name__)
@@ -53,19 +53,6 @@ SILENCE_CHECK = 1.0  # seconds of silence after which the stream checks its work
 # Seconds a request that has not started waits for some worker of its model to be live again
 # (``serve`` restarts a dead worker; an admin reload takes a while) before it is answered 503.
 NO_WORKER_GRACE = 120.0
-
-_redis_by_loop: dict[int, aioredis.Redis] = {}
-
-
-def get_redis() -> aioredis.Redis:
-    """An asyncio Redis client bound to the running event loop."""
-    loop = asyncio.get_running_loop()
-    client = _redis_by_loop.get(id(loop))
-    if client is None:
-        pool = aioredis.BlockingConnectionPool.from_url(settings.CELERY_BROKER_URL, max_connections=64, timeout=10)
-        client = _redis_by_loop[id(loop)] = aioredis.Redis(connection_pool=pool)
-    return client
-
 
 class WorkerLost(Exception):
     """The worker serving a request died or left, or no worker of the model is live."""
@@ -173,7 +160,7 @@ class GenerationStream:
         abort = asyncio.ensure_future(self._abort_and_count())
         _background.add(abort)  # keep a reference until it is done
         abort.add_done_callback(_background.discard)
-        abort.add_done_callback(_retrieve)  # a failure was logged
+        abort.add_done_callback(retrieve_exception)  # a failure was logged
 
     def _close(self, left_behind: LeftBehind) -> None:
         if self.reply is not None:
@@ -287,7 +274,7 @@ class GenerationStream:
         owners = dict(zip(rids, (o.decode() if o else None for o in
                                  await redis.mget([claim_key(r) for r in rids]))))
         await self._enqueue_again_if_lost(redis, owners)
-        known = {w["id"] for w in await _heartbeating_workers(self.model)}  # shared by the streams
+        known = {w["id"] for w in await heartbeating_workers(self.model)}  # shared by the streams
         for owner in set(owners.values()) - {None, worker_registry.ABORTED, worker_registry.REQUEUED} - known:
             if await worker_registry.worker_info(redis, owner) is None:  # not just newer than the shared read
                 owned = [rid for rid, o in owners.items() if o == owner]
@@ -429,7 +416,7 @@ def republish_shares() -> None:
     task = asyncio.ensure_future(sync_to_async(publish_both, thread_sensitive=False)())
     _background.add(task)  # kept referenced until done
     task.add_done_callback(_background.discard)
-    task.add_done_callback(_retrieve)
+    task.add_done_callback(retrieve_exception)
 
 
 def _raise_if_cancelled(task: asyncio.Task | None) -> None:
@@ -439,65 +426,3 @@ def _raise_if_cancelled(task: asyncio.Task | None) -> None:
     a batch whose client left at once was enqueued and generated in full."""
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
-
-
-WORKERS_FRESH = 0.25  # seconds a read of the live workers is used as it is
-WORKERS_STALE = 1.0  # seconds an older read still answers, while a new one runs in the background
-
-
-@dataclass
-class _LiveWorkers:
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    read_at: float = float("-inf")  # time.monotonic() when the last successful read started
-    reading: asyncio.Future | None = None
-
-
-_live_workers: dict[tuple[int, str], _LiveWorkers] = {}
-
-
-async def _read_live_workers(entry: _LiveWorkers, model: str) -> None:
-    started = time.monotonic()
-    try:
-        entry.workers = await worker_registry.live_workers(get_redis(), model)
-        entry.read_at = started
-    finally:
-        entry.reading = None
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()  # a failed background read is reported to the next caller that waits
-
-
-async def _heartbeating_workers(model: str, stale: float = WORKERS_STALE) -> list[dict[str, Any]]:
-    """Workers of ``model`` with a fresh heartbeat, admitting requests or shutting down.
-
-    Read from Redis at most every ``WORKERS_FRESH`` seconds per process (concurrent callers
-    share one read); a read up to ``WORKERS_STALE`` seconds old answers at once while the next
-    one runs in the background, so a request rarely waits for Redis here; unless it found no
-    worker, which is answered fresh. ``stale``: the age up to which a read answers at once.
-
-    Raises:
-        RedisError: Redis could not be read and no recent enough answer is at hand.
-    """
-    entry = _live_workers.setdefault((id(asyncio.get_running_loop()), model), _LiveWorkers())
-    age = time.monotonic() - entry.read_at
-    if age > WORKERS_FRESH and entry.reading is None:
-        entry.reading = asyncio.ensure_future(_read_live_workers(entry, model))
-        entry.reading.add_done_callback(_retrieve)
-    # A stale empty answer is not given: it would turn into a 503 just after a worker became ready.
-    if age > max(stale, WORKERS_FRESH) or (age > WORKERS_FRESH and not entry.workers):
-        await asyncio.shield(entry.reading)
-    return entry.workers
-
-
-async def model_workers(model: str, stale: float = WORKERS_STALE) -> list[dict[str, Any]]:
-    """Live workers of ``model`` that admit requests (not shutting down); see
-    :func:`_heartbeating_workers` for how fresh the answer is (``stale=0``: at most
-    ``WORKERS_FRESH`` seconds old, as a new request wants it: a worker unloaded a moment ago must
-    not take it, or it waits for a worker of the model to come back).
-
-    Raises:
-        RedisError: Redis could not be read and no recent enough answer is at hand.
-    """
-    return [w for w in await _heartbeating_workers(model, stale) if w.get("live")]
